@@ -1,0 +1,195 @@
+"""Parity of rlcode's GRPO-family loss with TRL 1.16 ``GRPOTrainer._compute_loss``.
+
+One GRPOTrainer is built per module on a tiny random Qwen2 model with an offline word-level
+tokenizer; each case sets the trainer's loss attributes, feeds both sides the same hand-made batch
+(off-policy ``old_logps`` so clipping acts) and compares the loss and every parameter's gradient.
+Our log-probs come from the same model's logits (its original forward), TRL's from its fused head.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+from rlcode.algorithms.advantages import group_advantages  # noqa: E402
+from rlcode.algorithms.losses import per_token_logps, policy_loss  # noqa: E402
+
+TEMPERATURE = 0.7
+MAX_COMPLETION_LENGTH = 8
+EPSILON_LOW, EPSILON_HIGH = 0.2, 0.28
+TOLERANCE = 1e-5
+WORDS = "def return if else for in range print x y z a b c = + - ( ) : 0 1 2 3".split()
+PAD, EOS = 0, 1
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2, **{word: i + 3 for i, word in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    from datasets import Dataset
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = _tiny_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS, tie_word_embeddings=False,
+    )
+    model_dir = tmp_path_factory.mktemp("tiny_qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl_out")),
+        bf16=False,  # on CPU bf16=True would turn on autocast and break parity
+        use_cpu=True,
+        activation_checkpointing=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        temperature=TEMPERATURE,
+        epsilon=EPSILON_LOW,
+        epsilon_high=EPSILON_HIGH,
+        report_to=[],
+    )
+    dataset = Dataset.from_dict({"prompt": ["def f ( x ) :", "return x + 1", "for a in range", "print ( y )"]})
+    built = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    built.model.train()  # TRL's train-mode normalisers are the ones a training step uses
+    return built
+
+
+def _batch():
+    """Four completions: left-padded prompts, right-padded completions of lengths 8, 5, 3, 6."""
+    prompt_ids = torch.tensor([[3, 4, 5], [PAD, 6, 7], [PAD, PAD, 8], [9, 10, 11]])
+    completion_ids = torch.tensor([
+        [12, 13, 14, 15, 16, 17, 18, 19],  # truncated: hit the token limit
+        [20, 21, 22, 23, EOS, PAD, PAD, PAD],
+        [24, 25, EOS, PAD, PAD, PAD, PAD, PAD],
+        [3, 5, 7, 9, 11, EOS, PAD, PAD],
+    ])
+    return prompt_ids, (prompt_ids != PAD).long(), completion_ids, (completion_ids != PAD).long()
+
+
+def _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, P + T, V]
+    completion_length = completion_ids.size(1)
+    return per_token_logps(logits[:, -completion_length - 1 : -1], completion_ids, TEMPERATURE)  # [B, T]
+
+
+def _grads(model):
+    return {name: param.grad.detach().clone() for name, param in model.named_parameters() if param.grad is not None}
+
+
+CASES = [
+    (loss_type, level, beta)
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
+    for level in ("token", "sequence")
+    for beta in (0.0, 0.04)
+]
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+@pytest.mark.parametrize(("loss_type", "level", "beta"), CASES)
+def test_loss_and_gradients_match_trl(trainer, loss_type, level, beta, accumulation_steps):
+    model = trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, beta
+    trainer.current_gradient_accumulation_steps = accumulation_steps
+    # One generation batch per optimizer step: TRL's dapo normaliser is then the generation batch's count.
+    trainer.args.steps_per_generation = accumulation_steps
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+
+    with torch.no_grad():
+        current = _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    generator = torch.Generator().manual_seed(1)
+    # Per-row offsets push row 0 above 1 + eps_high (A > 0) and row 1 below 1 - eps_low (A < 0), at
+    # token and sequence level alike; per-token noise varies the ratio inside each row.
+    offsets = torch.tensor([[-0.4], [0.4], [0.3], [-0.1]])
+    old_logps = current + offsets + 0.2 * torch.randn(current.shape, generator=generator)
+    ref_logps = current + 0.3 * torch.randn(current.shape, generator=generator)
+    advantages, _ = group_advantages(torch.tensor([1.0, 0.0, 0.7, 0.2]), group_size=4)
+    assert (advantages[[0, 2]] > 0).all() and (advantages[[1, 3]] < 0).all()
+    # As if this micro-batch were part of a larger generation batch: dapo must use this count.
+    num_items_in_batch = torch.tensor(float(completion_mask.sum() * 2 + 3))
+    inputs = {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": advantages, "num_items_in_batch": num_items_in_batch,
+        "old_per_token_logps": old_logps, "ref_per_token_logps": ref_logps,
+    }
+
+    model.zero_grad(set_to_none=True)
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+
+    model.zero_grad(set_to_none=True)
+    logps = _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    our_loss, parts = policy_loss(
+        logps, advantages, completion_mask, old_logps, ref_logps if beta else None,
+        loss_type=loss_type, epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta=beta,
+        importance_sampling_level=level, max_completion_length=MAX_COMPLETION_LENGTH,
+        num_items_in_batch=num_items_in_batch, accumulation_steps=accumulation_steps,
+    )
+    our_loss.backward()
+    our_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+
+    assert parts.clip_frac_region > 0, "the batch must exercise clipping"
+    loss_diff = (our_loss - trl_loss).abs().item()
+    assert trl_grads.keys() == our_grads.keys() and trl_grads
+    grad_diff = max((our_grads[name] - trl_grads[name]).abs().max().item() for name in trl_grads)
+    grad_scale = max(grad.abs().max().item() for grad in trl_grads.values())
+    print(f"{loss_type:8s} {level:8s} beta={beta:<5} accum={accumulation_steps} loss={trl_loss.item():+.6f} "
+          f"|dloss|={loss_diff:.2e} max|dgrad|={grad_diff:.2e} (max|grad|={grad_scale:.2e})")
+    assert loss_diff <= TOLERANCE
+    assert grad_diff <= TOLERANCE
+    assert grad_scale > 1e-4, "gradients must be non-trivial for the comparison to mean something"
+
+
+def test_logged_parts_match_trl_metrics(trainer):
+    """Clip fractions and KL agree with what TRL logs for the same batch."""
+    model = trainer.model
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = "dapo", "token", 0.04
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.args.steps_per_generation = 1
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    with torch.no_grad():
+        current = _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        generator = torch.Generator().manual_seed(2)
+        old_logps = current + 0.3 * torch.randn(current.shape, generator=generator)
+        ref_logps = current + 0.3 * torch.randn(current.shape, generator=generator)
+        advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+        trainer._metrics["train"].clear()
+        trainer._compute_loss(model, {
+            "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids, "completion_mask": completion_mask,
+            "advantages": advantages, "num_items_in_batch": completion_mask.sum(),
+            "old_per_token_logps": old_logps, "ref_per_token_logps": ref_logps,
+        })
+        _, parts = policy_loss(current, advantages, completion_mask, old_logps, ref_logps,
+                               epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta=0.04)
+    logged = trainer._metrics["train"]
+    assert parts.clip_frac_region > 0
+    for ours, theirs in ((parts.kl, "kl"), (parts.clip_frac_low, "clip_ratio/low_mean"),
+                         (parts.clip_frac_high, "clip_ratio/high_mean"),
+                         (parts.clip_frac_region, "clip_ratio/region_mean")):
+        assert ours.item() == pytest.approx(logged[theirs][-1], abs=1e-6), theirs
