@@ -56,10 +56,11 @@ class MBPPTask:
     @property
     def entry_point(self) -> str | None:
         """Name of the function the first test calls (what a completion must define)."""
-        from rlcode.sandbox.asserts import called_function_name  # stdlib-only module
+        from rlcode.sandbox.asserts import bound_names, called_function_name  # stdlib-only
 
+        defined = bound_names(self.code)
         for test in self.test_list:
-            name = called_function_name(test)
+            name = called_function_name(test, defined)
             if name:
                 return name
         return None
@@ -147,7 +148,7 @@ def _load_file(path: Path, variant: str | None) -> list[MBPPTask]:
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # lazily: only this format needs it
 
-        tasks = _records_to_tasks(pq.read_table(path).to_pylist(), str(path))
+        tasks = _records_to_tasks(enumerate(pq.read_table(path).to_pylist(), start=1), str(path))
     elif suffix == ".arrow":
         tasks = _records_to_tasks(_rows_from_arrow(path), str(path))
     else:

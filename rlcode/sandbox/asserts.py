@@ -141,17 +141,24 @@ def bound_names(code: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def called_function_name(test: str) -> str | None:
-    """The first function a test calls that is not a builtin (the task's entry point)."""
+def called_function_names(test: str) -> list[str]:
+    """Names of the functions a test calls, outermost first (``set(f(x)) == ...`` -> set, f)."""
     try:
         expression = parse_assert(test)
     except AssertParseError:
-        return None
-    for node in ast.walk(expression):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id not in _BUILTIN_NAMES:
-            return node.func.id
-    return None
+        return []
+    return [node.func.id for node in ast.walk(expression)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+
+
+def called_function_name(test: str, defined: frozenset[str] = frozenset()) -> str | None:
+    """The task's entry point: the first called name the solution defines (``defined``), else the
+    first called name that is not a builtin (MBPP task 126 defines its own ``sum``)."""
+    names = called_function_names(test)
+    for name in names:
+        if name in defined:
+            return name
+    return next((name for name in names if name not in _BUILTIN_NAMES), None)
 
 
 def plan_assert(test: str, candidate_names: frozenset[str] = frozenset()) -> AssertPlan:
