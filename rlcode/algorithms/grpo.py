@@ -1,0 +1,341 @@
+"""GRPO as a LightningModule: one training step reads as the algorithm.
+
+    prompts -> G completions each -> rewards (started, running in the sandbox pool)
+            -> meanwhile: old log-probs (num_iterations > 1) and reference log-probs (beta > 0)
+            -> group advantages -> clipped policy loss, micro-batched -> optimizer step
+
+Manual optimization, because one batch of prompts is a whole RL iteration: generation, scoring and
+``num_iterations`` optimizer steps over the same rollouts. Everything a callback may want to log is
+left in ``self.last_step`` (a StepRecord); the module logs nothing itself.
+
+The model, tokenizer, rollout backend and reward functions are built in ``configure_model`` (so
+``--print_config`` and tests of the config surface stay light, and FSDP can wrap the model) and kept
+on ``self``, outside the hyperparameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import lightning as L
+import torch
+
+from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
+from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated, policy_loss
+from rlcode.algorithms.reward_mixture import RewardMixture
+from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
+from rlcode.algorithms.step_record import StepRecord
+from rlcode.models.adapters import LoraSettings
+
+if TYPE_CHECKING:
+    from rlcode.data.datamodule import PromptBatch
+    from rlcode.rollout.base import RolloutBatch
+
+REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
+
+
+class GRPO(L.LightningModule):
+    def __init__(
+        self,
+        model: str = "smollm2-135m-instruct",
+        precision: str = "32-true",
+        gradient_checkpointing: bool = False,
+        lora: LoraSettings | None = None,
+        rewards: list[str] = ["execution"],  # noqa: B006 (jsonargparse needs the literal default)
+        reward_weights: list[float] | None = None,
+        reward_timeout: float = 10.0,
+        sandbox_workers: int | None = None,
+        num_generations: int = 8,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop: list[str] | None = None,
+        rollout_backend: Literal["hf", "vllm"] = "hf",
+        generation_seed: int = 0,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        loss_type: LossType = "dapo",
+        beta: float = 0.0,
+        epsilon_low: float = 0.2,
+        epsilon_high: float = 0.2,
+        importance_sampling_level: ImportanceSamplingLevel = "token",
+        scale_rewards: RewardScaling = "group",
+        num_iterations: int = 1,
+        micro_batch_size: int = 8,
+        filter_zero_std_groups: bool = False,
+        mask_truncated_completions: bool = False,
+        max_grad_norm: float | None = 1.0,
+        dry_run: bool = False,
+    ) -> None:
+        """Group Relative Policy Optimization of a causal LM on code rewards.
+
+        Args:
+            model: short name ("smollm2-135m-instruct", "tiny-random"), local folder or hub id.
+            precision: weight precision as a Lightning string ("32-true", "bf16-true", ...).
+            gradient_checkpointing: recompute activations in backward (less memory, ~13% slower).
+            lora: train LoRA adapters instead of every weight; the adapter-free base is then the
+                reference policy of the KL term.
+            rewards: reward function names from ``rlcode.rewards`` ("execution", "mbpp_tests",
+                "mbpp_tests_fraction"), summed with ``reward_weights``.
+            reward_weights: one weight per reward (None: all 1.0).
+            reward_timeout: seconds each completion may run in the sandbox.
+            sandbox_workers: sandbox worker processes (None: one per CPU core).
+            num_generations: G, completions sampled per prompt (the group of GRPO's baseline).
+            max_new_tokens: generation limit per completion.
+            temperature: sampling temperature (also used to score tokens, as TRL does).
+            top_p: nucleus sampling mass (1.0: off).
+            top_k: sample from the k most likely tokens (0: off).
+            stop: strings that end a completion early (e.g. the closing code fence).
+            rollout_backend: "hf" (transformers generate in this process) or "vllm".
+            generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
+                resumed run samples what the uninterrupted one would have.
+            learning_rate: AdamW learning rate.
+            weight_decay: AdamW weight decay.
+            loss_type: "dapo" (token-level, TRL's default), "grpo", "bnpo" or "dr_grpo".
+            beta: weight of the KL penalty to the reference policy (0: no reference model).
+            epsilon_low: lower clip range of the importance ratio.
+            epsilon_high: upper clip range (DAPO's clip-higher uses 0.28).
+            importance_sampling_level: "token" (GRPO) or "sequence" (GSPO).
+            scale_rewards: divide advantages by the "group" std, the "batch" std, or "none".
+            num_iterations: optimizer steps per batch of rollouts (PPO-style reuse; >1 stores
+                old log-probs so the clip acts).
+            micro_batch_size: completions per forward/backward pass; gradients accumulate over
+                the whole group batch before each optimizer step.
+            filter_zero_std_groups: skip groups whose rewards are all equal (no signal) in the loss.
+            mask_truncated_completions: leave completions that hit max_new_tokens out of the loss.
+            max_grad_norm: clip the gradient norm before each optimizer step (None: no clipping).
+            dry_run: generate and score, but never update the weights (checks a setup end to end).
+        """
+        super().__init__()
+        if num_generations < 2 and scale_rewards == "group":
+            raise ValueError("num_generations=1 gives every group a zero std (no learning signal): "
+                             "use num_generations >= 2")
+        if num_iterations < 1 or micro_batch_size < 1:
+            raise ValueError("num_iterations and micro_batch_size must be >= 1")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.policy = None
+        self.tokenizer = None
+        self.backend = None
+        self.rewards: RewardMixture | None = None
+        self.last_step: StepRecord | None = None
+        self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
+        self._sandbox = None
+        self._batches_seen = 0
+
+    # ---- building (lazily, once) ------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        from rlcode.models import is_lora_model, load_model, load_tokenizer
+
+        hp = self.hparams
+        self.tokenizer = load_tokenizer(hp.model)
+        self.policy = load_model(hp.model, precision=hp.precision,
+                                 gradient_checkpointing=hp.gradient_checkpointing, lora=hp.lora)
+        if hp.beta != 0.0 and not is_lora_model(self.policy):
+            # Copied before any checkpoint is restored: the reference stays the starting policy.
+            self._reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        if is_lora_model(self.policy):
+            self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
+        self.backend = self._build_backend()
+
+    def _build_backend(self):
+        if self.hparams.rollout_backend == "hf":
+            from rlcode.rollout import HFGenerateBackend
+
+            return HFGenerateBackend(self.policy, self.tokenizer)
+        raise ValueError(f"rollout_backend={self.hparams.rollout_backend!r} is not available yet: use 'hf'")
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.rewards is None:
+            self.rewards = self._build_rewards()
+
+    def _build_rewards(self) -> RewardMixture:
+        from rlcode.algorithms.reward_factory import build_rewards
+
+        functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
+                                                 workers=self.hparams.sandbox_workers)
+        return RewardMixture(functions, self.hparams.reward_weights)
+
+    def teardown(self, stage: str) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox, self.rewards = None, None
+
+    def on_fit_start(self) -> None:
+        if self._reference is not None:
+            self._reference.to(self.device)
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
+
+    # ---- one GRPO iteration -----------------------------------------------------------------
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        hp, timings = self.hparams, {}
+        step_started = time.perf_counter()
+        group = hp.num_generations
+        prompts = [self.render(p) for p in batch["prompt"]]
+
+        with _timed(timings, "generation"):
+            # N = prompts x G rows, prompt-major, tensors on the policy's device
+            rollout = self.generate(prompts, group, temperature=hp.temperature, seed=self._sampling_seed())
+
+        columns = {name: _repeat_each(batch[name], group) for name in REWARD_COLUMNS if name in batch}
+        reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
+
+        with _timed(timings, "logps"):  # overlaps the sandbox running the rewards
+            old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
+            ref_logps = self._reference_logps(rollout) if hp.beta != 0.0 else None
+
+        with _timed(timings, "rewards_wait"):
+            outcome = reward_job.result()
+        rewards = torch.tensor(outcome.total, dtype=torch.float32, device=self.device)
+        advantages, stats = group_advantages(rewards, group, hp.scale_rewards)
+
+        loss_mask = rollout.completion_mask
+        if hp.mask_truncated_completions:
+            loss_mask = mask_truncated(loss_mask, rollout.truncated)
+        keep = torch.ones_like(rewards, dtype=torch.bool)
+        if hp.filter_zero_std_groups:
+            keep = ~zero_std_group_mask(rewards, group)
+        update = not hp.dry_run and bool(keep.any()) and bool(loss_mask[keep].sum() > 0)
+
+        with _timed(timings, "update"):
+            loss_parts = self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep) if update else {}
+
+        timings["step"] = time.perf_counter() - step_started
+        timings["rewards"] = outcome.seconds
+        self.last_step = StepRecord(
+            step=self.global_step - (hp.num_iterations if update else 0), group_size=group,
+            task_ids=list(batch["task_id"]), prompts=prompts, completions=list(rollout.completion_texts),
+            rewards=outcome.total, rewards_by_function=outcome.by_function, details=outcome.details,
+            advantages=advantages.tolist(), completion_lengths=rollout.completion_mask.sum(1).long().tolist(),
+            truncated=rollout.truncated.tolist(), frac_reward_zero_std=float(stats.frac_reward_zero_std),
+            updated=update, loss=loss_parts, reward_metrics=outcome.metrics, timings=timings,
+        )
+        self._stop_dry_run_at_max_steps()
+
+    def _update(self, rollout: RolloutBatch, loss_mask, advantages, old_logps, ref_logps, keep) -> dict[str, float]:
+        """``num_iterations`` optimizer steps over the kept completions, micro-batched."""
+        hp = self.hparams
+        optimizer = self.optimizers()
+        rows = keep.nonzero().flatten()
+        micro_batches = list(rows.split(hp.micro_batch_size))
+        tokens_in_batch = loss_mask[rows].sum()  # dapo's normaliser: every token of the step weighs the same
+        totals: dict[str, float] = {}
+        for _ in range(hp.num_iterations):
+            for index in micro_batches:
+                logps = completion_logps(self.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
+                                         rollout.completion_ids[index], rollout.completion_mask[index],
+                                         hp.temperature)
+                loss, parts = policy_loss(
+                    logps, advantages[index], loss_mask[index],
+                    None if old_logps is None else old_logps[index],
+                    None if ref_logps is None else ref_logps[index],
+                    loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
+                    beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
+                    max_completion_length=hp.max_new_tokens, num_items_in_batch=tokens_in_batch,
+                    accumulation_steps=len(micro_batches))
+                self.manual_backward(loss)
+                _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()}, len(micro_batches) * hp.num_iterations)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        # micro-batch losses are shares of the step's loss (they sum to it); the other parts are means
+        totals["loss"] *= len(micro_batches)
+        if hp.loss_type == "dapo":
+            totals["policy_loss"] *= len(micro_batches)
+        return totals
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        max_norm = self.hparams.max_grad_norm
+        if not max_norm:
+            return
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            # FSDP shards gradients: only its own clip sees the global norm.
+            norm = self.trainer.strategy.model.clip_grad_norm_(max_norm)
+        else:
+            params = [p for p in self.policy.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.last_grad_norm = float(norm)
+
+    # ---- building blocks the callbacks reuse --------------------------------------------------
+    def render(self, prompt) -> str:
+        """Chat messages through the tokenizer's chat template; plain text as it is."""
+        from rlcode.rollout import render_prompt
+
+        return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
+
+    def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
+                 max_new_tokens: int | None = None, seed: int | None = None):
+        """G completions per rendered prompt (prompt-major), with the policy in eval mode."""
+        from rlcode.rollout import SamplingParams
+
+        hp = self.hparams
+        params = SamplingParams(temperature=temperature, top_p=hp.top_p, top_k=hp.top_k,
+                                max_new_tokens=max_new_tokens or hp.max_new_tokens,
+                                stop=list(hp.stop or []), seed=seed)
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            return self.backend.generate(prompts, num_generations, params)
+        finally:
+            self.policy.train(was_training)
+
+    def _logps(self, model, rollout: RolloutBatch):
+        return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                        rollout.completion_mask, self.hparams.temperature,
+                                        self.hparams.micro_batch_size)
+
+    def _reference_logps(self, rollout: RolloutBatch):
+        from rlcode.models import reference_mode
+
+        if self._reference is not None:
+            return self._logps(self._reference, rollout)
+        with reference_mode(self.policy):  # LoRA: the base without adapters is the reference
+            return self._logps(self.policy, rollout)
+
+    def _sampling_seed(self) -> int:
+        return (self.hparams.generation_seed * 1_000_003 + self.global_step) * 1009 + self.global_rank
+
+    def _stop_dry_run_at_max_steps(self) -> None:
+        # A dry run never steps the optimizer, so trainer.max_steps (counted in optimizer steps)
+        # would never end it: count batches instead.
+        self._batches_seen += 1
+        max_steps = self.trainer.max_steps if self._trainer is not None else -1
+        if self.hparams.dry_run and max_steps is not None and 0 < max_steps <= self._batches_seen:
+            self.trainer.should_stop = True
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from rlcode.models import is_lora_model
+
+        if is_lora_model(self.policy):  # the frozen base is reloaded from its source: keep adapters only
+            trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+
+def _repeat_each(values: list, times: int) -> list:
+    """[a, b] -> [a, a, b, b] for times=2: one entry per completion, prompt-major."""
+    return [value for value in values for _ in range(times)]
+
+
+def _accumulate(totals: dict[str, float], parts: dict[str, Any], count: int) -> None:
+    for key, value in parts.items():
+        totals[key] = totals.get(key, 0.0) + float(value) / count
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - started

@@ -1,0 +1,104 @@
+"""A weighted sum of reward functions, started together so they run while the trainer computes.
+
+Each function follows TRL's convention, ``fn(prompts, completions, **columns) -> list[float]`` with
+dataset columns as per-completion lists. Functions that also offer ``start(...) -> job`` (with
+``job.result()``) run in the background, e.g. in the sandbox pool, while the trainer computes old
+and reference log-probs; plain callables are simply called in ``start``.
+
+No torch here: rewards are plain floats until the trainer turns them into a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+
+@dataclass
+class RewardOutcome:
+    """Rewards of one batch of completions (all lists have one entry per completion)."""
+
+    total: list[float]
+    """Weighted sum over functions (NaN when any weighted function returned None/NaN)."""
+    by_function: dict[str, list[float]]
+    """Unweighted rewards of each function, keyed by its name."""
+    details: list[str]
+    """A short verdict per completion (the first function's ``last_details``; empty strings if none)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Function-specific scalars (``last_metrics``), keyed ``<name>/<metric>``."""
+    seconds: float = 0.0
+    """Wall time from start to the last result (overlaps the trainer's own work)."""
+
+
+def reward_name(function: Callable) -> str:
+    """A function's name for logs: its ``name`` attribute, else its class or function name."""
+    name = getattr(function, "name", None) or getattr(function, "__name__", None)
+    return str(name or type(function).__name__)
+
+
+class RewardMixture:
+    def __init__(self, functions: Sequence[Callable], weights: Sequence[float] | None = None) -> None:
+        """Combine reward functions as ``sum_i weight_i * reward_i``.
+
+        Args:
+            functions: TRL-style reward callables (optionally with ``start``).
+            weights: one weight per function; None = all 1.0.
+        """
+        if not functions:
+            raise ValueError("no reward functions: set model.rewards to at least one name, e.g. ['execution']")
+        weights = list(weights) if weights is not None else [1.0] * len(functions)
+        if len(weights) != len(functions):
+            raise ValueError(f"{len(weights)} reward weights for {len(functions)} reward functions: "
+                             "give model.reward_weights one number per entry of model.rewards")
+        self.functions = list(functions)
+        self.weights = [float(w) for w in weights]
+        names = [reward_name(f) for f in functions]
+        # two functions of one kind (e.g. the same reward with two timeouts) still need distinct keys
+        self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+
+    def start(self, prompts: list[str], completions: list[str], **columns: Any) -> "RewardJob":
+        started = time.perf_counter()
+        pending = []
+        for function in self.functions:
+            if callable(getattr(function, "start", None)):
+                pending.append(function.start(prompts, completions, **columns))
+            else:
+                pending.append(_Done(function(prompts, completions, **columns)))
+        return RewardJob(self, pending, started, len(completions))
+
+
+class RewardJob:
+    """Rewards being computed; ``result()`` waits for every function and combines them."""
+
+    def __init__(self, mixture: RewardMixture, pending: list, started: float, count: int) -> None:
+        self.mixture, self.pending, self.started, self.count = mixture, pending, started, count
+
+    def result(self) -> RewardOutcome:
+        by_function: dict[str, list[float]] = {}
+        for name, job in zip(self.mixture.names, self.pending):
+            values = [math.nan if v is None else float(v) for v in job.result()]
+            if len(values) != self.count:
+                raise ValueError(f"reward {name!r} returned {len(values)} values for {self.count} completions")
+            by_function[name] = values
+        total = [sum(w * by_function[n][i] for n, w in zip(self.mixture.names, self.mixture.weights))
+                 for i in range(self.count)]
+        first = self.mixture.functions[0]
+        details = list(getattr(first, "last_details", None) or [""] * self.count)
+        metrics = {}
+        for name, function in zip(self.mixture.names, self.mixture.functions):
+            for key, value in (getattr(function, "last_metrics", None) or {}).items():
+                if isinstance(value, (int, float)):
+                    metrics[f"{name}/{key}"] = float(value)
+        return RewardOutcome(total, by_function, details, metrics, time.perf_counter() - self.started)
+
+
+class _Done:
+    """A job whose result is already known (a reward function without ``start``)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def result(self) -> list[float]:
+        return self.values

@@ -1,0 +1,53 @@
+"""What one GRPO step did, as plain data: callbacks log, sample and plot from it.
+
+The LightningModule fills one record per training step and keeps it as ``module.last_step``;
+metrics, rollout logging, plots and the end-of-run summary read it in ``on_train_batch_end``,
+so the training step itself stays free of logging code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    step: int
+    """Optimizer steps taken before this batch (``trainer.global_step`` at its start)."""
+    group_size: int
+    task_ids: list[int]
+    """One per prompt."""
+    prompts: list[str]
+    """Rendered prompt text, one per prompt."""
+    completions: list[str]
+    """Prompt-major: completions[p * group_size + g] answers prompts[p]."""
+    rewards: list[float]
+    """Weighted total reward per completion."""
+    rewards_by_function: dict[str, list[float]]
+    details: list[str]
+    """A short verdict per completion (e.g. "passed 2/3", "SyntaxError")."""
+    advantages: list[float]
+    completion_lengths: list[int]
+    truncated: list[bool]
+    frac_reward_zero_std: float
+    updated: bool
+    """False in a dry run (or when every group was filtered out): the weights did not change."""
+    loss: dict[str, float] = field(default_factory=dict)
+    """Loss and its parts (clip fractions, ratio, KL), averaged over micro-batches and iterations."""
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds: generation, rewards_wait, logps, update, step."""
+
+    @property
+    def mean_reward(self) -> float:
+        values = [r for r in self.rewards if r == r]  # NaN-free
+        return sum(values) / len(values) if values else float("nan")
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.completion_lengths)
+
+    def groups(self) -> list[list[int]]:
+        """Completion indices of each prompt's group."""
+        g = self.group_size
+        return [list(range(p * g, (p + 1) * g)) for p in range(len(self.prompts))]

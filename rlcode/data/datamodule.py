@@ -1,0 +1,175 @@
+"""The MBPP DataModule: an endless, resumable stream of prompt batches for GRPO.
+
+A training step consumes one batch of ``prompts_per_step`` tasks; each task travels with the columns
+the rewards need (``test_list``, ``test_setup_code``, ``task_id``, ``entry_point``). The order is a
+seeded shuffle per epoch, so it is the same on every run with the same seed, and each rank of a
+distributed run takes its own slice of it (``order[rank::world_size]``). The stream never ends by
+itself: ``trainer.max_steps`` does.
+
+Resuming: the stream's position (epoch, batches taken in that epoch) is the DataModule's state, which
+Lightning stores in checkpoints (``state_dict``/``load_state_dict``). The position advances in
+``on_before_batch_transfer``, which Lightning calls for the batch a training step is about to use,
+not when the loader prefetches the next one, so a checkpoint written after step N resumes at batch
+N + 1 exactly.
+
+Evaluation tasks (``eval_split``) are not a dataloader: the MBPP eval callback asks for them with
+``eval_tasks()`` and scores them with the policy itself.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, Iterator
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt
+
+if TYPE_CHECKING:
+    from rlcode.data.mbpp import MBPPTask
+
+PromptBatch = dict[str, list]  # column name -> one value per prompt (TRL's dataset-column layout)
+BATCH_COLUMNS = ("task_id", "prompt", "test_list", "test_setup_code", "entry_point")
+
+
+def epoch_order(num_tasks: int, seed: int, epoch: int) -> list[int]:
+    """Task indices of one epoch: a shuffle seeded by (seed, epoch), the same on every rank."""
+    order = list(range(num_tasks))
+    random.Random(f"{seed}-{epoch}").shuffle(order)
+    return order
+
+
+def rank_batches(num_tasks: int, batch_size: int, seed: int, epoch: int, rank: int,
+                 world_size: int) -> list[list[int]]:
+    """This rank's batches of one epoch; a last partial batch is dropped so ranks stay in step."""
+    order = epoch_order(num_tasks, seed, epoch)
+    per_round = batch_size * world_size
+    shard = order[: len(order) // per_round * per_round][rank::world_size]
+    return [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
+
+
+class PromptStream(IterableDataset):
+    """Iterable of prompt batches starting at the DataModule's saved position (main process only)."""
+
+    def __init__(self, datamodule: MBPPDataModule) -> None:
+        super().__init__()
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        dm = self.datamodule
+        epoch, offset = dm.position["epoch"], dm.position["batch"]
+        while True:
+            batches = rank_batches(len(dm.train_tasks), dm.prompts_per_step, dm.seed, epoch,
+                                   dm.rank, dm.world_size)
+            for index in range(offset, len(batches)):
+                yield dm.make_batch([dm.train_tasks[i] for i in batches[index]], epoch, index)
+            epoch, offset = epoch + 1, 0
+
+
+class MBPPDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str | None = None,
+        train_split: str = "train",
+        eval_split: str = "validation",
+        num_train_tasks: int | None = None,
+        prompts_per_step: int = 4,
+        prompt_format: PromptFormat = "chat",
+        seed: int = 0,
+    ) -> None:
+        """MBPP prompts for training and tasks for evaluation.
+
+        Args:
+            source: MBPP data: a file, folder or hub id; None reads ``MBPP_DATASET_PATH``.
+            train_split: split the training prompts come from ("train" = tasks 601-974).
+            eval_split: split the MBPP eval callback scores ("validation" = tasks 511-600).
+            num_train_tasks: use only the first N training tasks (by task id); None = all.
+            prompts_per_step: distinct prompts per training step and rank; each is sampled
+                ``model.num_generations`` times.
+            prompt_format: "chat" (instruct models: chat template) or "plain" (the MBPP paper's
+                format for base models).
+            seed: seeds the per-epoch shuffle of the training prompts.
+        """
+        super().__init__()
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"unknown prompt_format {prompt_format!r}: use one of {', '.join(PROMPT_FORMATS)}")
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        self.source = source
+        self.train_split = train_split
+        self.eval_split = eval_split
+        self.num_train_tasks = num_train_tasks
+        self.prompts_per_step = prompts_per_step
+        self.prompt_format = prompt_format
+        self.seed = seed
+        self.train_tasks: list[MBPPTask] = []
+        self.position = {"epoch": 0, "batch": 0}
+        self._eval_tasks: list[MBPPTask] | None = None
+
+    # ---- distributed layout -----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    # ---- Lightning hooks --------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and not self.train_tasks:
+            from rlcode.data.mbpp import load_mbpp
+
+            tasks = load_mbpp(self.source, split=self.train_split)
+            self.train_tasks = tasks[: self.num_train_tasks] if self.num_train_tasks else tasks
+            needed = self.prompts_per_step * self.world_size
+            if len(self.train_tasks) < needed:
+                raise ValueError(
+                    f"{len(self.train_tasks)} training tasks cannot fill one step of {self.prompts_per_step} "
+                    f"prompts on {self.world_size} rank(s): raise data.num_train_tasks or lower data.prompts_per_step")
+
+    def train_dataloader(self):
+        # batch_size=None: the stream yields whole batches; workers=0 keeps the position in this process.
+        return DataLoader(PromptStream(self), batch_size=None, num_workers=0)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict) and "position" in batch:
+            epoch, index = batch["position"]
+            self.position = {"epoch": epoch, "batch": index + 1}
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": dict(self.position), "seed": self.seed,
+                "prompts_per_step": self.prompts_per_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("seed", self.seed) != self.seed or state_dict.get(
+                "prompts_per_step", self.prompts_per_step) != self.prompts_per_step:
+            # Resuming with another shuffle would silently repeat and skip prompts: say so, keep going.
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn("data.seed or data.prompts_per_step differ from the checkpoint's: the prompt order "
+                           "after resuming is not the one the run started with")
+        self.position = dict(state_dict["position"])
+
+    # ---- batches and eval tasks -------------------------------------------------------------
+    def make_batch(self, tasks: list[MBPPTask], epoch: int, index: int) -> PromptBatch:
+        """Column layout of a batch: every reward gets these lists, one entry per prompt."""
+        return {
+            "task_id": [t.task_id for t in tasks],
+            "prompt": [build_prompt(t, self.prompt_format) for t in tasks],
+            "test_list": [list(t.test_list) for t in tasks],
+            "test_setup_code": [t.test_setup_code for t in tasks],
+            "entry_point": [t.entry_point for t in tasks],
+            "position": (epoch, index),
+        }
+
+    def eval_tasks(self, num_questions: int | None = None) -> list[MBPPTask]:
+        """The first ``num_questions`` tasks of ``eval_split`` (all when None), loaded once."""
+        if self._eval_tasks is None:
+            from rlcode.data.mbpp import load_mbpp
+
+            self._eval_tasks = load_mbpp(self.source, split=self.eval_split)
+        return self._eval_tasks[:num_questions] if num_questions else list(self._eval_tasks)
+

@@ -1,0 +1,92 @@
+"""MBPPDataModule: seeded shuffles, per-rank shards, resumable position, prompt formats."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+
+from rlcode.data.datamodule import MBPPDataModule, epoch_order, rank_batches
+from rlcode.data.prompts import build_prompt, chat_messages, plain_prompt
+
+MBPP_PATH = os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")
+pytestmark = pytest.mark.skipif(not Path(MBPP_PATH).is_file(), reason="MBPP data not found")
+
+
+def _module(**kwargs) -> MBPPDataModule:
+    dm = MBPPDataModule(source=MBPP_PATH, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def _take(dm: MBPPDataModule, n: int) -> list[list[int]]:
+    """Task ids of the next n batches, advancing the position as training would."""
+    ids = []
+    for batch in itertools.islice(iter(dm.train_dataloader()), n):
+        dm.on_before_batch_transfer(batch, 0)
+        ids.append(batch["task_id"])
+    return ids
+
+
+def test_epoch_order_is_seeded_and_differs_between_epochs():
+    assert epoch_order(50, seed=1, epoch=0) == epoch_order(50, seed=1, epoch=0)
+    assert epoch_order(50, seed=1, epoch=0) != epoch_order(50, seed=1, epoch=1)
+    assert epoch_order(50, seed=1, epoch=0) != epoch_order(50, seed=2, epoch=0)
+    assert sorted(epoch_order(50, seed=1, epoch=3)) == list(range(50))
+
+
+def test_ranks_get_disjoint_shards_covering_the_epoch():
+    shards = [sum(rank_batches(20, 2, seed=0, epoch=0, rank=r, world_size=2), []) for r in range(2)]
+    assert not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == list(range(20))
+    # a last partial batch is dropped so every rank runs the same number of steps
+    counts = [len(rank_batches(7, 2, seed=0, epoch=0, rank=r, world_size=2)) for r in range(2)]
+    assert counts == [1, 1]
+
+
+def test_batches_carry_reward_columns():
+    dm = _module(num_train_tasks=6, prompts_per_step=3)
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch["task_id"]) == len(batch["prompt"]) == len(batch["test_list"]) == 3
+    assert all(601 <= t <= 606 for t in batch["task_id"])
+    assert all(isinstance(tests, list) and tests[0].startswith("assert") for tests in batch["test_list"])
+    assert batch["prompt"][0][0]["role"] == "user"
+    assert batch["entry_point"][0] and batch["entry_point"][0] in batch["prompt"][0][0]["content"]
+
+
+def test_stream_runs_past_an_epoch_with_a_new_order():
+    dm = _module(num_train_tasks=4, prompts_per_step=2)
+    first, second = _take(dm, 2), _take(dm, 2)
+    assert sorted(sum(first, [])) == sorted(sum(second, [])) == [601, 602, 603, 604]
+    assert dm.position == {"epoch": 1, "batch": 2}
+
+
+def test_position_restores_the_same_data_order():
+    dm = _module(num_train_tasks=10, prompts_per_step=2, seed=3)
+    _take(dm, 3)
+    state = dm.state_dict()
+    expected = _take(dm, 4)
+
+    resumed = _module(num_train_tasks=10, prompts_per_step=2, seed=3)
+    resumed.load_state_dict(state)
+    assert _take(resumed, 4) == expected
+
+
+def test_too_few_tasks_for_a_step_is_a_clear_error():
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        _module(num_train_tasks=2, prompts_per_step=3)
+
+
+def test_prompt_formats_show_the_tests():
+    from rlcode.data.mbpp import load_mbpp
+
+    task = load_mbpp(MBPP_PATH, split="train")[0]
+    message = chat_messages(task)[0]["content"]
+    assert message.startswith("You are an expert Python programmer.") and task.test_list[0] in message
+    assert message.endswith("Write the function in a ```python block.")
+    text = plain_prompt(task)
+    assert task.test_list[-1] in text and text.endswith("[BEGIN]\n")
+    with pytest.raises(ValueError, match="prompt_format"):
+        build_prompt(task, "fancy")
