@@ -193,3 +193,61 @@ def test_logged_parts_match_trl_metrics(trainer):
                          (parts.clip_frac_high, "clip_ratio/high_mean"),
                          (parts.clip_frac_region, "clip_ratio/region_mean")):
         assert ours.item() == pytest.approx(logged[theirs][-1], abs=1e-6), theirs
+
+
+@pytest.fixture(scope="module")
+def scoring_trainer(tmp_path_factory):
+    """A GRPOTrainer whose reward function returns preset rewards, to read TRL's advantages."""
+    from datasets import Dataset
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = _tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS,
+    )
+    preset_rewards: list[float | None] = []
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl_scoring")), bf16=False, use_cpu=True,
+        activation_checkpointing=False, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=2, report_to=[],
+    )
+    built = GRPOTrainer(
+        model=Qwen2ForCausalLM(config),
+        reward_funcs=lambda completions, **kwargs: list(preset_rewards),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["def f", "return x"]}),
+        processing_class=tokenizer,
+    )
+    built.preset_rewards = preset_rewards
+    return built
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+@pytest.mark.parametrize(
+    "rewards",
+    [
+        [1.0, 0.0, 0.5, 0.25, 2.0, 2.0, 2.0, 2.0],  # one flat group
+        [1.0, None, 0.0, 1.0, 3.0, 3.0, None, 3.5],  # unscorable completions (None -> NaN)
+        [0.1, 0.9, 0.4, 0.7, -1.0, 2.5, 0.0, 1.0],
+    ],
+)
+def test_advantages_match_trl(scoring_trainer, rewards, scale_rewards):
+    scoring_trainer.scale_rewards = scale_rewards
+    scoring_trainer.preset_rewards[:] = rewards
+    scoring_trainer._metrics["train"].clear()
+    rows = [{"prompt": "def f"}] * 4 + [{"prompt": "return x"}] * 4
+    with torch.no_grad():
+        theirs = scoring_trainer._generate_and_score_completions(rows)["advantages"]
+    as_tensor = torch.tensor([float("nan") if r is None else r for r in rewards])
+    ours, stats = group_advantages(as_tensor, group_size=4, scale_rewards=scale_rewards)
+    difference = (ours - theirs).abs().max().item()
+    print(f"advantages {scale_rewards:5s} {rewards}: max|diff|={difference:.2e}")
+    assert difference <= 1e-6
+    logged = scoring_trainer._metrics["train"]
+    assert stats.reward_mean.item() == pytest.approx(logged["reward"][-1], abs=1e-6)
+    assert stats.reward_std.item() == pytest.approx(logged["reward_std"][-1], abs=1e-6)
+    if scale_rewards != "batch":  # TRL logs, in batch mode, whether the *batch* std is zero
+        assert stats.frac_reward_zero_std.item() == pytest.approx(logged["frac_reward_zero_std"][-1])

@@ -145,8 +145,18 @@ def _aggregate(
     return masked_sum.sum() / total.to(per_token.device, per_token.dtype).clamp(min=1.0)
 
 
-def _check_inputs(logps, advantages, completion_mask, old_logps, ref_logps, loss_type, level, beta,
-                  max_completion_length, accumulation_steps) -> None:
+def _check_inputs(
+    logps: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    old_logps: Tensor | None,
+    ref_logps: Tensor | None,
+    loss_type: str,
+    level: str,
+    beta: float,
+    max_completion_length: int | None,
+    accumulation_steps: int,
+) -> None:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r} is not one of {LOSS_TYPES}.")
     if level not in IMPORTANCE_SAMPLING_LEVELS:
