@@ -1,0 +1,95 @@
+"""LoRA and QLoRA: settings, applying them, and the adapter-free reference policy.
+
+With LoRA the frozen base model *is* the reference policy of the KL term: disabling the adapter
+gives it back without keeping a second copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ContextManager, Literal
+
+Quantization = Literal["4bit", "8bit"]
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter settings (peft's LoraConfig, reduced to what a recipe needs).
+
+    Args:
+        r: rank of the low-rank update.
+        alpha: scaling numerator; the update is scaled by alpha / r.
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt, or "all-linear" for every linear layer except the
+            output head.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | Sequence[str] = "all-linear"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def apply_lora(model, settings: LoraSettings, *, quantized: bool, gradient_checkpointing: bool):
+    """Wrap `model` in a peft LoRA model; for a quantized base, prepare it for k-bit training first."""
+    import peft  # slow import: only when LoRA is asked for
+
+    if quantized:
+        model = peft.prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    targets = settings.target_modules
+    config = peft.LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+        **settings.extra,
+    )
+    return peft.get_peft_model(model, config)
+
+
+def quantization_config(quantization: Quantization, compute_dtype):
+    """transformers' BitsAndBytesConfig for QLoRA: NF4 double-quantized 4-bit, or 8-bit.
+
+    Quantizing at load time (not Lightning's BitsandbytesPrecision) leaves the LoRA adapters,
+    added afterwards, in full precision.
+    """
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"quantization={quantization!r} is not supported: use '4bit', '8bit' or None.")
+
+
+def is_lora_model(model) -> bool:
+    """True when `model` carries peft adapters that can be switched off."""
+    return callable(getattr(model, "disable_adapter", None)) and hasattr(model, "peft_config")
+
+
+def reference_mode(model) -> ContextManager | None:
+    """A context in which `model` computes the reference policy (adapters off), or None without LoRA.
+
+    None tells the caller it needs a separate frozen reference model for the KL term.
+    """
+    if not is_lora_model(model):
+        return None
+    return model.disable_adapter()
+
+
+def null_reference_mode() -> ContextManager:
+    """A do-nothing context, for callers that want `reference_mode(m) or null_reference_mode()`."""
+    return contextlib.nullcontext()

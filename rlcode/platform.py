@@ -1,0 +1,99 @@
+"""Hardware detection and the training defaults it implies.
+
+Kept separate from the training code so the choices (precision above all) are unit-testable with a
+made-up `PlatformInfo` on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """What the process can run on.
+
+    Args:
+        device_type: "cuda" or "cpu".
+        gpu_name: name of GPU 0, or None on CPU.
+        gpu_count: number of visible GPUs.
+        compute_capability: (major, minor) of GPU 0, or None on CPU.
+        gpu_memory_bytes: total memory of GPU 0, or None on CPU.
+        cpu_count: CPUs this process may use (affinity, not the machine's total).
+        slurm_job_id: the SLURM job id when running inside a SLURM allocation.
+        slurm_environment: the SLURM_* variables that shape the launch (tasks, nodes, GPUs).
+    """
+
+    device_type: str = "cpu"
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    compute_capability: tuple[int, int] | None = None
+    gpu_memory_bytes: int | None = None
+    cpu_count: int = 1
+    slurm_job_id: str | None = None
+    slurm_environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.slurm_job_id is not None
+
+    def describe(self) -> str:
+        """One line for logs."""
+        if self.device_type == "cuda":
+            major, minor = self.compute_capability or (0, 0)
+            memory_gb = (self.gpu_memory_bytes or 0) / 2**30
+            device = f"{self.gpu_count} x {self.gpu_name} (sm_{major}{minor}, {memory_gb:.0f} GiB)"
+        else:
+            device = f"CPU ({self.cpu_count} cores)"
+        return device + (f", SLURM job {self.slurm_job_id}" if self.in_slurm else "")
+
+
+def detect_platform() -> PlatformInfo:
+    """Inspect the visible devices and the environment."""
+    import torch
+
+    cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    slurm_job_id = next((os.environ[name] for name in _SLURM_VARIABLES if name in os.environ), None)
+    slurm_environment = {key: value for key, value in os.environ.items() if key.startswith("SLURM_")}
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return PlatformInfo(
+            cpu_count=cpu_count, slurm_job_id=slurm_job_id, slurm_environment=slurm_environment
+        )
+    properties = torch.cuda.get_device_properties(0)
+    return PlatformInfo(
+        device_type="cuda",
+        gpu_name=properties.name,
+        gpu_count=torch.cuda.device_count(),
+        compute_capability=(properties.major, properties.minor),
+        gpu_memory_bytes=properties.total_memory,
+        cpu_count=cpu_count,
+        slurm_job_id=slurm_job_id,
+        slurm_environment=slurm_environment,
+    )
+
+
+def supports_bf16(info: PlatformInfo) -> bool:
+    """bf16 only from Ampere (sm_80) on.
+
+    `torch.cuda.is_bf16_supported()` says yes on V100 too, where bf16 is emulated and slow.
+    """
+    return info.device_type == "cuda" and info.compute_capability is not None and info.compute_capability[0] >= 8
+
+
+def default_precision(info: PlatformInfo) -> str:
+    """The Lightning precision string to train with on this platform.
+
+    bf16-mixed on sm_80+, 16-mixed (fp16 with loss scaling) on older GPUs such as V100 (sm_70),
+    32-true on CPU (CPU autocast to bf16 is slower than fp32 for small models).
+    """
+    if info.device_type != "cuda":
+        return "32-true"
+    return "bf16-mixed" if supports_bf16(info) else "16-mixed"
+
+
+def default_accelerator(info: PlatformInfo) -> str:
+    """Lightning accelerator name."""
+    return "gpu" if info.device_type == "cuda" else "cpu"

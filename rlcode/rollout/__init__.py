@@ -1,0 +1,19 @@
+"""Generating completions: the backend interface, prompt rendering, and the backends."""
+
+from rlcode.rollout.base import RolloutBackend, RolloutBatch, SamplingParams
+from rlcode.rollout.prompts import render_prompt
+
+__all__ = ["HFGenerateBackend", "RolloutBackend", "RolloutBatch", "SamplingParams", "VLLMBackend", "render_prompt"]
+
+
+def __getattr__(name: str):
+    # Backends import torch; keep `import rlcode.rollout` light for commands that only render prompts.
+    if name == "HFGenerateBackend":
+        from rlcode.rollout.hf_backend import HFGenerateBackend
+
+        return HFGenerateBackend
+    if name == "VLLMBackend":
+        from rlcode.rollout.vllm_backend import VLLMBackend
+
+        return VLLMBackend
+    raise AttributeError(f"module 'rlcode.rollout' has no attribute {name!r}")

@@ -1,0 +1,181 @@
+"""Rollouts with a Hugging Face model in this process, through a lean decoding loop.
+
+Why not `model.generate()`: its multinomial sampling dominates a small model's step on CPU, one
+looping row keeps the whole batch running to the token limit, and stop strings cost a full-batch
+check. This loop samples with Gumbel-max, drops finished rows from the KV cache so the remaining
+ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlcode.rollout.base import RolloutBatch, SamplingParams
+from rlcode.rollout.sampling import next_tokens
+from rlcode.rollout.stop_strings import StopStringMatcher
+
+
+class HFGenerateBackend:
+    """Generate completions with a transformers causal LM (plain or peft-wrapped).
+
+    Args:
+        model: the policy; generation runs under `torch.inference_mode()` in eval mode and the
+            previous train/eval mode is restored afterwards.
+        tokenizer: its tokenizer; needs a pad token (see `rlcode.models.load_tokenizer`).
+        eos_token_ids: ids that end a completion; default: the tokenizer's eos plus the model's
+            generation_config eos ids.
+        add_special_tokens: let the tokenizer add BOS etc. when encoding prompts; off by default
+            because chat templates already contain them.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        eos_token_ids: Sequence[int] | None = None,
+        add_special_tokens: bool = False,
+    ) -> None:
+        if tokenizer.pad_token_id is None:
+            raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else _default_eos_ids(model, tokenizer)))
+        if not self.eos_token_ids:
+            raise ValueError("No EOS token id found on the tokenizer or the model: pass eos_token_ids.")
+        self.add_special_tokens = add_special_tokens
+
+    def generate(self, prompts: list[str], num_generations: int, params: SamplingParams) -> RolloutBatch:
+        """Sample `num_generations` completions per prompt; rows i*G..i*G+G-1 belong to prompt i."""
+        if not prompts:
+            raise ValueError("generate() got no prompts.")
+        if num_generations < 1:
+            raise ValueError(f"num_generations={num_generations} must be at least 1.")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                return self._generate(prompts, num_generations, params)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts: list[str], group: int, params: SamplingParams) -> RolloutBatch:
+        device = _device_of(self.model)
+        self.tokenizer.padding_side = "left"
+        encoded = self.tokenizer(
+            prompts, padding=True, return_tensors="pt", add_special_tokens=self.add_special_tokens
+        ).to(device)
+        prompt_ids = encoded["input_ids"].repeat_interleave(group, dim=0)  # [N, P]
+        prompt_mask = encoded["attention_mask"].repeat_interleave(group, dim=0)  # [N, P]
+        rows, limit = prompt_ids.shape[0], params.max_new_tokens
+        generator = _generator(params.seed, device)
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        stop = StopStringMatcher(self.tokenizer, params.stop)
+
+        completion_ids = torch.full((rows, limit), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
+        lengths = torch.full((rows,), limit, dtype=torch.long)
+        ended = torch.zeros(rows, dtype=torch.bool)  # EOS or stop string seen
+        stopped_by_string = torch.zeros(rows, dtype=torch.bool)
+        generated: list[list[int]] = [[] for _ in range(rows)]
+
+        logits, cache, positions = self._prefill(encoded["input_ids"], encoded["attention_mask"], group)
+        attention_mask = prompt_mask.clone()
+        active = torch.arange(rows, device=device)  # original row index of each live batch row
+        for step in range(limit):
+            tokens = next_tokens(logits, params.temperature, params.top_k, params.top_p, generator)  # [B]
+            completion_ids[active, step] = tokens
+            finished = torch.isin(tokens, eos)
+            if stop:
+                for position, (row, token) in enumerate(zip(active.tolist(), tokens.tolist())):
+                    generated[row].append(token)
+                    if not finished[position] and stop.ends_with_stop(generated[row]):
+                        finished[position] = True
+                        stopped_by_string[row] = True
+            if finished.any():
+                done = active[finished].cpu()
+                lengths[done] = step + 1
+                ended[done] = True
+            if step == limit - 1:
+                break
+            keep = ~finished
+            if not keep.any():
+                break
+            if not keep.all():
+                # Finished rows leave the batch: the rest decode on a smaller, cheaper batch.
+                active, tokens, positions = active[keep], tokens[keep], positions[keep]
+                attention_mask = attention_mask[keep]
+                cache.batch_select_indices(keep.nonzero().squeeze(-1))
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
+            positions = positions + 1
+            logits = self._decode_step(tokens, attention_mask, positions, cache)
+
+        steps = torch.arange(limit).unsqueeze(0)
+        completion_mask = (steps < lengths.unsqueeze(1)).to(device=device, dtype=torch.long)  # [N, T]
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
+        width = int(lengths.max())  # drop columns that are padding in every row
+        completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
+        texts = self.tokenizer.batch_decode(
+            [ids[:length] for ids, length in zip(completion_ids.tolist(), lengths.tolist())],
+            skip_special_tokens=True,
+        )
+        texts = [stop.cut(text) if hit else text for text, hit in zip(texts, stopped_by_string.tolist())]
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            completion_texts=texts,
+            truncated=~ended,
+            num_generated_tokens=int(completion_mask.sum()),
+        )
+
+    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int):
+        """Encode each distinct prompt once, then copy its logits and cache `group` times."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # left padding: count real tokens
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = output.past_key_values
+        if group > 1:
+            cache.batch_repeat_interleave(group)
+        logits = output.logits[:, -1, :].repeat_interleave(group, dim=0)  # [N, V]
+        return logits, cache, positions[:, -1:].repeat_interleave(group, dim=0)
+
+    def _decode_step(self, tokens, attention_mask, positions, cache) -> torch.Tensor:
+        output = self.model(
+            input_ids=tokens.unsqueeze(-1),
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return output.logits[:, -1, :]
+
+
+def _default_eos_ids(model, tokenizer) -> list[int]:
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.append(configured)
+    elif configured:
+        ids.extend(configured)
+    return ids
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
