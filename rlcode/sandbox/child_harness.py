@@ -1,0 +1,210 @@
+"""The forked child: confine itself, then run one Program. Standalone stdlib code.
+
+This file is copied next to worker_main.py and imported by the worker before any candidate code
+exists, so every function and type the harness needs is bound here, at import time. Candidate code
+runs in the same process after confine() has made it harmless: a uid it cannot change, rlimits,
+a seccomp filter, no inherited file descriptors except stdio and the values pipe (fd 3).
+"""
+
+import atexit
+import builtins
+import ctypes
+import io
+import os
+import resource
+import signal
+import sys
+import traceback
+import types
+
+import plain_data
+
+VALUES_FD = 3
+SANDBOX_UID = 65534
+PR_SET_PDEATHSIG = 1
+PR_SET_SECCOMP = 22
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_MODE_FILTER = 2
+EXIT_CONFINE_FAILED = 125
+
+# Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
+_dumps = plain_data.dumps
+_write = os.write
+_exit = os._exit
+_compile = compile
+_eval = eval
+_exec = exec
+_type_name = type.__dict__["__qualname__"].__get__
+_type = type
+_str = str
+_isinstance = isinstance
+_BaseException = BaseException
+_SystemExit = SystemExit
+_MemoryError = MemoryError
+_SyntaxError = SyntaxError
+_format_exception_only = traceback.format_exception_only
+_print_exception = traceback.print_exception
+_run_exitfuncs = atexit._run_exitfuncs
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view):]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class SeccompProgram:
+    """Raw BPF prepared in the worker; load() is one prctl() in the child."""
+
+    def __init__(self, bpf: bytes):
+        self._buffer = ctypes.create_string_buffer(bpf, len(bpf))
+        self._prog = _SockFprog(len(bpf) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
+
+    def load(self) -> None:
+        if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_program) -> None:
+    """Make this process harmless. Any failure raises: the caller exits before running code."""
+    os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker's death is ours too
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(env)
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value) if name != "RLIMIT_CPU" else (value, value + 1))
+    if drop_uid:
+        os.setgroups([])
+        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        if os.getuid() != SANDBOX_UID or os.geteuid() != SANDBOX_UID:
+            raise OSError("uid drop did not take effect")
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
+    if seccomp_program is not None:
+        seccomp_program.load()
+
+
+def _status(status: str, error_type=None) -> None:
+    try:
+        _write_all(VALUES_FD, ('{"s":"%s","e":%s}\n' % (status, _dumps(error_type))).encode())
+    except _BaseException:
+        pass
+
+
+def _report_exception(exc) -> None:
+    try:
+        _print_exception(_type(exc), exc, exc.__traceback__, file=sys.stderr)
+    except _BaseException:
+        try:
+            _write(2, b"".join(s.encode("utf-8", "replace") for s in _format_exception_only(_type(exc), exc)))
+        except _BaseException:
+            pass
+
+
+def _exit_code(exc) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if _type(code) is int:
+        return code & 0xFF
+    try:
+        sys.stderr.write(_str(code) + "\n")
+    except _BaseException:
+        pass
+    return 1
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except _BaseException:
+            pass
+
+
+def _finish(status: str, code: int, error_type=None):
+    """Like interpreter shutdown: join non-daemon threads, run atexit, flush, then report and exit."""
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+        _run_exitfuncs()
+    except _BaseException:
+        pass
+    _flush_stdio()
+    _status(status, error_type)
+    _exit(code)
+
+
+def _fresh_stdio() -> None:
+    """New text streams on fds 0-2 (the worker's own objects wrap its protocol pipes)."""
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding="utf-8")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                                   encoding="utf-8", errors="strict")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                                   encoding="utf-8", errors="backslashreplace",
+                                                   line_buffering=True)
+
+
+def run(code: str, setup: str, probes) -> None:
+    """Run code as __main__, then setup, then the probes; never returns."""
+    _fresh_stdio()
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["<candidate>"]
+    # The harness's helpers stay reachable through our bindings only, not by import name.
+    for name in ("plain_data", "child_harness", "worker_main"):
+        sys.modules.pop(name, None)
+    scope = main.__dict__
+    try:
+        compiled = _compile(code, "<candidate>", "exec")
+    except _BaseException as exc:  # SyntaxError, IndentationError, ValueError (null bytes), ...
+        _report_exception(exc)
+        kind = "syntax_error" if _isinstance(exc, _SyntaxError) else "error"
+        _finish(kind, 1, _type_name(_type(exc)))
+    for stage, program in (("code", compiled), ("setup", setup)):
+        if stage == "setup" and not program:
+            continue
+        try:
+            _exec(program if stage == "code" else _compile(program, "<setup>", "exec"), scope)
+        except _SystemExit as exc:
+            code_ = _exit_code(exc)
+            _finish("ok" if code_ == 0 else "error", code_, None if code_ == 0 else "SystemExit")
+        except _MemoryError as exc:
+            _report_exception(exc)
+            _finish("memory", 1, "MemoryError")
+        except _BaseException as exc:
+            _report_exception(exc)
+            _finish("error", 1, _type_name(_type(exc)))
+    for index, probe in enumerate(probes):
+        try:
+            value = _dumps(_eval(_compile(probe, "<probe>", "eval"), scope))
+        except _SystemExit as exc:
+            _flush_stdio()
+            _finish("ok" if _exit_code(exc) == 0 else "error", _exit_code(exc), "SystemExit")
+        except _BaseException as exc:
+            try:
+                message = "%s: %s" % (_type_name(_type(exc)), _str(exc))
+            except _BaseException:
+                message = _type_name(_type(exc))
+            value = _dumps(message)
+            value = '{"t":"raised","v":%s}' % value
+        try:
+            _write_all(VALUES_FD, ('{"i":%d,"v":%s}\n' % (index, value)).encode())
+        except _BaseException:
+            _exit(1)
+    _finish("ok", 0)

@@ -1,0 +1,137 @@
+"""How a worker is started at each isolation level: its files, command line, environment and config.
+
+The worker runs the *base* interpreter (not the venv's) with ``-I -S``, from a private read-only copy
+of three stdlib-only files, so nothing from the project or site-packages is visible or importable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER_FILES = ("worker_main.py", "child_harness.py", "plain_data.py")
+WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
+SECCOMP_FILE = "seccomp.bpf"
+# Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
+# namespaces (SYS_ADMIN), dropping the child to uid 65534 (SETUID/SETGID), killing it (KILL),
+# handing it a temp dir and deleting whatever it left there (CHOWN, DAC_OVERRIDE, FOWNER).
+# The child loses all of them when it drops its uid.
+WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN",
+                       "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+
+
+@dataclass
+class Limits:
+    """Per-execution resource limits (the pool's configuration, shipped to every worker)."""
+
+    memory_mb: int = 1024
+    max_output_bytes: int = 65536
+    max_values_bytes: int = 8 << 20
+    max_processes: int = 64  # RLIMIT_NPROC for uid 65534 (counts threads, shared by all workers)
+    max_file_bytes: int = 64 << 20  # RLIMIT_FSIZE
+    max_open_files: int = 256  # RLIMIT_NOFILE
+    tmpfs_bytes: int = 256 << 20  # size of the worker's private /tmp (bwrap levels)
+
+    def rlimits(self) -> dict[str, int]:
+        return {"RLIMIT_FSIZE": self.max_file_bytes, "RLIMIT_NOFILE": self.max_open_files,
+                "RLIMIT_NPROC": self.max_processes, "RLIMIT_CORE": 0}
+
+
+@dataclass
+class WorkerLaunch:
+    level: str
+    argv: list[str]
+    env: dict[str, str]
+    config: dict = field(default_factory=dict)  # the worker's first protocol line
+
+
+def base_interpreter() -> tuple[str, str]:
+    """(real python binary, its prefix): the venv's python resolved to the interpreter it wraps."""
+    executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return executable, os.path.realpath(sys.base_prefix)
+
+
+def stage_worker_files(seccomp_bpf: bytes | None) -> str:
+    """Copy the worker's files into a private directory (0700, root's when we are root)."""
+    staging = tempfile.mkdtemp(prefix="rlcode-sandbox-")
+    here = Path(__file__).parent
+    for name in WORKER_FILES:
+        shutil.copyfile(here / name, Path(staging) / name)
+    if seccomp_bpf is not None:
+        (Path(staging) / SECCOMP_FILE).write_bytes(seccomp_bpf)
+    return staging
+
+
+def sandbox_env(prefix: str) -> dict[str, str]:
+    """The whole environment a sandboxed program sees (HOME/TMPDIR are set per execution)."""
+    return {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+
+
+def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None = None) -> WorkerLaunch:
+    executable, prefix = base_interpreter()
+    env = sandbox_env(prefix)
+    has_seccomp = os.path.exists(os.path.join(staging, SECCOMP_FILE))
+    if level == "process":
+        worker_dir, tmp_root = staging, os.path.join(staging, "tmp")
+        os.makedirs(tmp_root, mode=0o755, exist_ok=True)
+        argv = [executable, "-I", "-S", os.path.join(staging, "worker_main.py")]
+    else:
+        worker_dir, tmp_root = WORKER_DIR_IN_SANDBOX, "/tmp"
+        argv = [bwrap or "bwrap", *_bwrap_arguments(level, staging, executable, prefix, env, limits),
+                "--", executable, "-I", "-S", f"{WORKER_DIR_IN_SANDBOX}/worker_main.py"]
+    config = {
+        "env": env, "limits": limits.rlimits(), "memory_mb": limits.memory_mb,
+        "max_output_bytes": limits.max_output_bytes, "max_values_bytes": limits.max_values_bytes,
+        "tmp_root": tmp_root, "in_bwrap": level != "process",
+        "seccomp_bpf_path": os.path.join(worker_dir, SECCOMP_FILE) if has_seccomp else None,
+    }
+    return WorkerLaunch(level=level, argv=argv, env=dict(env), config=config)
+
+
+def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[str]:
+    args = ["--die-with-parent", "--new-session"]
+    if level == "bwrap":  # real root: no user namespace, so uid 65534 in the child is real
+        args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        for capability in WORKER_CAPABILITIES:
+            args += ["--cap-add", capability]
+    else:  # bwrap-userns: an unprivileged user; every namespace including a user namespace
+        args += ["--unshare-all", "--uid", "65534", "--gid", "65534"]
+    args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for path in ROOT_LINKS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    for path in sorted({prefix, os.path.dirname(executable)}):
+        if not _covered(path):
+            args += _parents_0755(path) + ["--ro-bind", path, path]
+    args += ["--ro-bind", staging, WORKER_DIR_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc",
+             "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+             "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
+             "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args + ["--chdir", "/tmp"]
+
+
+def _covered(path: str) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in ("/usr",))
+
+
+def _parents_0755(path: str) -> list[str]:
+    """bwrap (as root) creates the parents of a bind target 0700 on its tmpfs root; uid 65534 must
+    traverse them (e.g. /root/.pyenv/versions/3.11.7), so create them 0755 first."""
+    args = []
+    parts = Path(path).parts[1:-1]
+    for i in range(len(parts)):
+        args += ["--perms", "0755", "--dir", "/" + "/".join(parts[: i + 1])]
+    return args

@@ -1,0 +1,320 @@
+"""SandboxPool: futures over long-lived sandbox workers, with tags, listing, stopping and waiting.
+
+    trainer --(submit: futures, tags)--> worker x N (inside bubblewrap) --fork per execution--> child
+
+One thread per worker slot takes executions from a shared queue (candidate programs) or from the
+reference queue (trusted programs, run on a dedicated worker that never runs candidate code, so
+expected values never sit in memory a candidate child inherits). Futures never raise for program
+failures: a broken worker yields status internal_error and is respawned.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import itertools
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .isolation import IsolationReport, probe_isolation
+from .launch import Limits
+from .result import ExecResult, ExecutionInfo, Program, Status
+from .worker_process import WorkerFailure, WorkerProcess
+
+log = logging.getLogger(__name__)
+WORKER_DEADLINE_MARGIN_S = 10.0  # beyond the execution's timeout, the parent gives up on the worker
+
+
+@dataclass
+class _Job:
+    exec_id: str
+    program: Program
+    timeout: float
+    tags: dict[str, str]
+    reference: bool
+    future: concurrent.futures.Future
+    submitted_at: float = field(default_factory=time.monotonic)
+    state: str = "pending"  # pending -> running -> done
+    started_at: float | None = None
+    slot: _Slot | None = None
+
+
+class SandboxPool:
+    """A pool of sandbox workers. Use as a context manager; ``close()`` (and the parent's death)
+    leaves no process behind."""
+
+    def __init__(self, workers: int | None = None, timeout: float = 10.0, memory_mb: int = 1024,
+                 max_output_bytes: int = 65536, isolation: str = "auto",
+                 tags: Mapping[str, str] | None = None, *, max_processes: int = 64,
+                 recycle_after: int = 2000):
+        """
+        Args:
+            workers: candidate workers (default: one per core). A dedicated reference worker is
+                started on the first ``submit(..., reference=True)``.
+            timeout: default wall-clock seconds per execution (the worker kills the whole tree).
+            memory_mb: RLIMIT_AS per process, interpreter included.
+            max_output_bytes: stdout and stderr are each capped at this many bytes (the rest is
+                counted, flagged as truncated, and dropped without being stored).
+            isolation: "auto" (strongest available), "bwrap", "bwrap-userns" or "process".
+            tags: tags added to every execution (per-call tags override them).
+            max_processes: RLIMIT_NPROC (processes + threads of uid 65534, across all workers).
+            recycle_after: restart a worker after this many executions (defence in depth).
+        """
+        if timeout <= 0 or memory_mb < 64 or max_output_bytes < 0:
+            raise ValueError("SandboxPool needs timeout > 0, memory_mb >= 64 and max_output_bytes >= 0")
+        self.timeout = float(timeout)
+        self.limits = Limits(memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                             max_processes=max_processes)
+        self.default_tags = dict(tags or {})
+        self.recycle_after = recycle_after
+        probe = probe_isolation(isolation, self.limits)
+        self.isolation: IsolationReport = probe.report
+        self._staging, self._launch = probe.staging, probe.launch
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._closed = False
+        self._ids = itertools.count()
+        self._queue: queue.Queue = queue.Queue()
+        self._reference_queue: queue.Queue = queue.Queue()
+        count = workers or os.cpu_count() or 1
+        self._slots = [_Slot(self, self._queue, f"sandbox-{i}") for i in range(count)]
+        self._slots.append(_Slot(self, self._reference_queue, "sandbox-reference"))
+        for slot in self._slots:
+            slot.thread.start()
+        log.info("sandbox pool: %d workers, isolation %s", count, self.isolation.level)
+        if self.isolation.weaker_than_bwrap:
+            log.warning("sandbox isolation is %s, weaker than bwrap:\n%s", self.isolation.level,
+                        self.isolation.describe())
+        atexit.register(_close_if_alive, weakref.ref(self))
+
+    # -- submitting ------------------------------------------------------------------------------
+    def submit(self, program: Program | str, *, timeout: float | None = None,
+               tags: Mapping[str, str] | None = None, reference: bool = False
+               ) -> concurrent.futures.Future[ExecResult]:
+        """Queue one execution. The future's result is an ExecResult; it never raises for the
+        program's failures (only CancelledError if you cancel the future yourself)."""
+        program = _as_program(program)
+        run_timeout = self.timeout if timeout is None else float(timeout)
+        if run_timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        job = _Job(exec_id=f"x{next(self._ids):06d}-{uuid.uuid4().hex[:6]}", program=program,
+                   timeout=run_timeout, tags={**self.default_tags, **(tags or {})}, reference=reference,
+                   future=concurrent.futures.Future())
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("SandboxPool is closed; create a new pool")
+            self._jobs[job.exec_id] = job
+        (self._reference_queue if reference else self._queue).put(job)
+        return job.future
+
+    def map(self, programs: Iterable[Program | str], *, timeout: float | None = None,
+            tags: Mapping[str, str] | None = None) -> list[ExecResult]:
+        """Run all programs; results in the programs' order."""
+        futures = [self.submit(p, timeout=timeout, tags=tags) for p in programs]
+        return [f.result() for f in futures]
+
+    # -- observing and stopping ------------------------------------------------------------------
+    def list(self, tags: Mapping[str, str] | None = None) -> list[ExecutionInfo]:
+        """Running and pending executions whose tags include all of ``tags``."""
+        with self._lock:
+            return [ExecutionInfo(exec_id=j.exec_id, state=j.state, tags=dict(j.tags), reference=j.reference,
+                                  submitted_at=j.submitted_at, started_at=j.started_at)
+                    for j in self._jobs.values() if _matches(j.tags, tags)]
+
+    def count(self, tags: Mapping[str, str] | None = None) -> dict[str, int]:
+        infos = self.list(tags)
+        return {"running": sum(i.state == "running" for i in infos),
+                "pending": sum(i.state == "pending" for i in infos)}
+
+    def stop(self, tags: Mapping[str, str] | None = None) -> int:
+        """Cancel pending and kill running executions matching ``tags`` (all when None).
+        Their futures resolve with status cancelled. Returns how many were stopped."""
+        with self._lock:
+            matching = [j for j in self._jobs.values() if _matches(j.tags, tags)]
+            pending = [j for j in matching if j.state == "pending"]
+            for job in pending:
+                job.state = "done"
+                del self._jobs[job.exec_id]
+            running = [(j, j.slot) for j in matching if j.state == "running"]
+        for job in pending:
+            _resolve(job.future, _internal(job, Status.CANCELLED, "stopped before it started", ""))
+        for job, slot in running:
+            slot.kill_running(job.exec_id)
+        return len(pending) + len(running)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Cancel what is pending, kill what runs, stop every worker, delete the staged files."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.stop()
+        for slot in self._slots:
+            slot.queue.put(None)
+        for slot in self._slots:
+            slot.thread.join(timeout=30)
+        shutil.rmtree(self._staging, ignore_errors=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- used by the slots -----------------------------------------------------------------------
+    def _claim(self, job: _Job, slot: _Slot) -> bool:
+        with self._lock:
+            if job.state != "pending":
+                return False
+            job.state, job.started_at, job.slot = "running", time.monotonic(), slot
+        if not job.future.set_running_or_notify_cancel():  # the caller cancelled the future
+            self._finish(job)
+            return False
+        return True
+
+    def _finish(self, job: _Job, result: ExecResult | None = None) -> None:
+        with self._lock:
+            job.state = "done"
+            self._jobs.pop(job.exec_id, None)
+        if result is not None:
+            log.debug("sandbox exec %s tags=%s status=%s rc=%s stdout=%dB stderr=%dB %.3fs", job.exec_id,
+                      job.tags, result.status.value, result.returncode, result.stdout_bytes,
+                      result.stderr_bytes, result.duration_s)
+            _resolve(job.future, result)
+
+
+class _Slot:
+    """One worker and the thread that feeds it. The thread spawns the worker, so the worker's
+    parent-death signal is tied to a thread that lives as long as the pool."""
+
+    def __init__(self, pool: SandboxPool, jobs: queue.Queue, name: str):
+        self.pool, self.queue, self.name = pool, jobs, name
+        self.worker: WorkerProcess | None = None
+        self.running_id: str | None = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def kill_running(self, exec_id: str) -> None:
+        worker = self.worker
+        if worker is not None and self.running_id == exec_id:
+            worker.kill_execution(exec_id)
+
+    def _loop(self) -> None:
+        try:
+            while (job := self.queue.get()) is not None:
+                if self.pool._claim(job, self):
+                    self.pool._finish(job, self._execute(job))
+        finally:
+            if self.worker is not None:
+                self.worker.close()
+                self.worker = None
+
+    def _execute(self, job: _Job) -> ExecResult:
+        try:
+            worker = self._ready_worker()
+        except WorkerFailure as e:
+            return _internal(job, Status.INTERNAL_ERROR, f"could not start a worker: {e}", self.pool.isolation.level)
+        request = {"op": "run", "id": job.exec_id, "code": job.program.code, "setup": job.program.setup,
+                   "probes": list(job.program.probes), "timeout": job.timeout}
+        self.running_id = job.exec_id
+        try:
+            raw = worker.run(request, time.monotonic() + job.timeout + WORKER_DEADLINE_MARGIN_S)
+        except WorkerFailure as e:
+            log.warning("sandbox worker %s failed during %s: %s (respawning)", self.name, job.exec_id, e)
+            worker.kill()
+            self.worker = None
+            return _internal(job, Status.INTERNAL_ERROR, str(e), worker.launch.level)
+        finally:
+            self.running_id = None
+        return _from_worker(job, raw, worker.launch.level)
+
+    def _ready_worker(self) -> WorkerProcess:
+        worker = self.worker
+        if worker is not None and (not worker.alive or worker.executions >= self.pool.recycle_after):
+            worker.close()
+            worker = self.worker = None
+        if worker is None:
+            worker = self.worker = WorkerProcess(self.pool._launch)
+        return worker
+
+
+def wait(futures: Iterable[concurrent.futures.Future], num_returns: int | None = None,
+         timeout: float | None = None) -> tuple[list, list]:
+    """Wait until ``num_returns`` futures (default: all) are done or ``timeout`` passes.
+
+    Returns (done, not_done): ``done`` holds at most ``num_returns`` finished futures in input order,
+    ``not_done`` all the others (some may have finished meanwhile). Cancel what you no longer need.
+    """
+    futures = list(futures)
+    wanted = len(futures) if num_returns is None else num_returns
+    if not 0 <= wanted <= len(futures):
+        raise ValueError(f"num_returns must be between 0 and {len(futures)}, got {num_returns}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        finished = [f for f in futures if f.done()]
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if len(finished) >= wanted or (remaining is not None and remaining <= 0):
+            break
+        concurrent.futures.wait([f for f in futures if not f.done()], timeout=remaining,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+    done = finished[:wanted]
+    chosen = set(map(id, done))
+    return done, [f for f in futures if id(f) not in chosen]
+
+
+def _as_program(program: Program | str) -> Program:
+    if isinstance(program, str):
+        return Program(code=program)
+    if not isinstance(program, Program):
+        raise TypeError(f"submit() takes a Program or a str of code, got {type(program).__name__}")
+    if not isinstance(program.code, str) or not isinstance(program.setup, str) or \
+            not all(isinstance(p, str) for p in program.probes):
+        raise TypeError("Program.code, .setup and every probe must be str")
+    return program
+
+
+def _matches(job_tags: dict[str, str], wanted: Mapping[str, str] | None) -> bool:
+    return not wanted or all(job_tags.get(k) == v for k, v in wanted.items())
+
+
+def _resolve(future: concurrent.futures.Future, result: ExecResult) -> None:
+    try:
+        future.set_result(result)
+    except concurrent.futures.InvalidStateError:  # cancelled by the caller meanwhile
+        pass
+
+
+def _internal(job: _Job, status: Status, message: str, level: str) -> ExecResult:
+    return ExecResult(exec_id=job.exec_id, status=status, returncode=None, stdout="", stderr="",
+                      stdout_truncated=False, stderr_truncated=False, duration_s=0.0, tags=dict(job.tags),
+                      probe_lines=[], isolation=level, message=message)
+
+
+def _from_worker(job: _Job, raw: dict, level: str) -> ExecResult:
+    try:
+        status = Status(raw.get("status"))
+    except ValueError:
+        status = Status.INTERNAL_ERROR
+    return ExecResult(
+        exec_id=job.exec_id, status=status, returncode=raw.get("returncode"),
+        stdout=raw.get("stdout", ""), stderr=raw.get("stderr", ""),
+        stdout_truncated=bool(raw.get("stdout_truncated")), stderr_truncated=bool(raw.get("stderr_truncated")),
+        duration_s=float(raw.get("duration_s", 0.0)), tags=dict(job.tags),
+        probe_lines=list(raw.get("probe_lines", [])), error_type=raw.get("error_type"),
+        stdout_bytes=int(raw.get("stdout_bytes", 0)), stderr_bytes=int(raw.get("stderr_bytes", 0)),
+        probe_lines_truncated=bool(raw.get("probe_lines_truncated")), isolation=level,
+        message=raw.get("message", ""))
+
+
+def _close_if_alive(pool_ref: weakref.ref) -> None:
+    pool = pool_ref()
+    if pool is not None:
+        pool.close()

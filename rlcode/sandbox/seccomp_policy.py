@@ -1,0 +1,82 @@
+"""The seccomp policy: allow everything a Python program needs, deny what escapes or spies.
+
+Built in the trusted parent with pyseccomp (libseccomp) and exported as raw BPF. The worker loads
+those bytes with one prctl() in each child, so nothing inside the sandbox needs libseccomp, ctypes
+library lookups or /etc/ld.so.cache, and the filter is compiled once per pool, not per execution.
+Default action ALLOW keeps threads, the whole stdlib, C extension modules and multiprocessing working.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import tempfile
+
+# Denied with EPERM. Each one is a way out of the sandbox, into another process, or into the kernel's
+# less-trodden attack surface; none is needed by ordinary Python programs.
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
+    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "vhangup", "iopl", "ioperm",
+    "keyctl", "add_key", "request_key",
+    "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "fanotify_init",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+)
+# clone() flags that would create namespaces (the child could otherwise build its own user namespace).
+NAMESPACE_CLONE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+                         0x40000000, 0x00000080)
+TIOCSTI = 0x5412  # push bytes into a terminal's input queue
+PERSONALITY_QUERY = 0xFFFFFFFF
+
+
+class SeccompUnavailable(RuntimeError):
+    pass
+
+
+def build_filter_bpf() -> bytes:
+    """Compile the policy to raw BPF (an array of 8-byte sock_filter instructions).
+
+    Raises SeccompUnavailable when pyseccomp or libseccomp is missing.
+    """
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises at import without libseccomp
+        raise SeccompUnavailable(f"pyseccomp/libseccomp not usable ({e}); fix: pip install pyseccomp "
+                                 "and apt-get install libseccomp2") from None
+    deny = seccomp.ERRNO(errno.EPERM)
+    policy = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    # Only local (AF_UNIX) sockets: multiprocessing needs them, the network does not exist.
+    policy.add_rule(deny, "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    policy.add_rule(deny, "socketpair", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    for name in DENIED_SYSCALLS:
+        try:
+            policy.add_rule(deny, name)
+        except (OSError, ValueError, RuntimeError):
+            pass  # a syscall this architecture lacks
+    for flag in NAMESPACE_CLONE_FLAGS:
+        policy.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    # clone3 passes flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone().
+    policy.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    policy.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+    policy.add_rule(deny, "personality", seccomp.Arg(0, seccomp.NE, PERSONALITY_QUERY))
+    with tempfile.TemporaryFile() as out:
+        policy.export_bpf(out)
+        out.flush()
+        out.seek(0)
+        bpf = out.read()
+    if not bpf or len(bpf) % 8:
+        raise SeccompUnavailable(f"libseccomp exported {len(bpf)} bytes of BPF, not whole instructions")
+    return bpf
+
+
+def seccomp_status() -> tuple[bool, str]:
+    """(available, reason) without raising: for the isolation report."""
+    try:
+        build_filter_bpf()
+    except SeccompUnavailable as e:
+        return False, str(e)
+    return True, f"pyseccomp filter ({len(DENIED_SYSCALLS) + 5} rule groups), loaded per child"
+

@@ -1,0 +1,420 @@
+"""The sandbox worker: a long-lived process that forks one confined child per execution.
+
+Standalone stdlib code, started as ``python -I -S worker_main.py`` (inside bubblewrap when available)
+from a private copy of this directory. It must not import rlcode or anything from site-packages.
+
+Protocol (one JSON object per line): the parent first sends the worker config, the worker answers
+{"op": "hello", "layers": {...}}; then {"op": "run", ...} -> {"op": "result", ...}, one at a time.
+While a child runs, {"op": "kill", "id": ...} ends it (status cancelled). EOF on stdin ends the
+worker, and its child's whole tree with it. The worker, not the child, holds the clock.
+"""
+
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+# Pre-imported so candidate programs find them loaded (fork shares them copy-on-write for free).
+PREIMPORTS = (
+    "abc array ast base64 bisect binascii calendar cmath collections collections.abc contextlib copy "
+    "csv dataclasses datetime decimal difflib enum fractions functools hashlib heapq io itertools "
+    "json math numbers operator pathlib pickle pprint queue random re statistics string struct "
+    "textwrap threading typing unicodedata unittest zlib sqlite3 multiprocessing multiprocessing.pool "
+    "subprocess shutil tempfile glob fnmatch uuid weakref warnings secrets gzip bz2 lzma html "
+    "inspect traceback atexit"
+).split()
+for _name in PREIMPORTS:
+    try:
+        __import__(_name)
+    except Exception:  # a build without sqlite3 or lzma still works
+        pass
+
+# -I leaves the script's directory off sys.path; our two sibling modules live there.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
+
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+READ_CHUNK = 1 << 16
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class LineReader:
+    """Line framing over a raw fd that is also polled (so no buffered file object)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffer, self.eof = fd, bytearray(), False
+
+    def fill(self) -> None:
+        data = os.read(self.fd, 1 << 20)
+        if data:
+            self.buffer += data
+        else:
+            self.eof = True
+
+    def pop(self):
+        end = self.buffer.find(b"\n")
+        if end < 0:
+            return None
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
+        return line
+
+    def read_line(self):
+        while True:
+            line = self.pop()
+            if line is not None or self.eof:
+                return line
+            self.fill()
+
+
+class Capped:
+    """Keeps the first `cap` bytes of a stream and counts the rest without storing it."""
+
+    def __init__(self, cap: int):
+        self.cap, self.chunks, self.kept, self.total = cap, [], 0, 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap - self.kept
+        if room > 0:
+            piece = data[:room]
+            self.chunks.append(piece)
+            self.kept += len(piece)
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.kept
+
+
+def _write_line(fd: int, obj) -> None:
+    view = memoryview(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Worker:
+    def __init__(self, config: dict, proto_in: int, proto_out: int):
+        self.config = config
+        self.control = LineReader(proto_in)
+        self.proto_out = proto_out
+        self.is_root = os.getuid() == 0
+        self.tmp_root = config.get("tmp_root") or tempfile.gettempdir()
+        self.in_bwrap = bool(config.get("in_bwrap"))
+        self.seccomp = None
+        if config.get("seccomp_bpf_path"):
+            with open(config["seccomp_bpf_path"], "rb") as f:
+                self.seccomp = child_harness.SeccompProgram(f.read())
+        _libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+        self.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) == 0
+        self.own_pidns = None
+        if config.get("pid_namespace", True):
+            self.own_pidns = self._probe_pid_namespace()
+        self.shutting_down = False
+
+    def _probe_pid_namespace(self):
+        """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
+        new namespace; setns() back to our own namespace re-arms unshare for the next execution.
+        Killing that init kills everything inside, even descendants that called setsid()."""
+        try:
+            fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        for _ in range(2):
+            if _libc.unshare(CLONE_NEWPID) != 0:
+                os.close(fd)
+                return None
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if os.getpid() == 1 else 1)
+            if _libc.setns(fd, CLONE_NEWPID) != 0:
+                os.waitpid(pid, 0)
+                os.close(fd)
+                return None
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                os.close(fd)
+                return None
+        return fd
+
+    def layers(self) -> dict:
+        return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
+                "seccomp": self.seccomp is not None, "subreaper": self.subreaper, "rlimits": True,
+                "uid": os.getuid()}
+
+    def serve(self) -> None:
+        _write_line(self.proto_out, {"op": "hello", "layers": self.layers(), "pid": os.getpid()})
+        while not self.shutting_down:
+            line = self.control.read_line()
+            if line is None:
+                return
+            message = json.loads(line)
+            if message.get("op") != "run":
+                continue  # a kill for an execution that already finished
+            try:
+                result = self.execute(message)
+            except Exception as exc:  # the sandbox's own failure: report, keep serving
+                result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
+            result.update(op="result", id=message["id"])
+            _write_line(self.proto_out, result)
+
+    def execute(self, request: dict) -> dict:
+        workdir = tempfile.mkdtemp(prefix="x", dir=self.tmp_root)
+        try:
+            if self.is_root:
+                os.chown(workdir, child_harness.SANDBOX_UID, child_harness.SANDBOX_UID)
+            return self._run_child(request, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if self.in_bwrap:
+                _clear_directory("/dev/shm")  # private to this worker's sandbox
+
+    def _run_child(self, request: dict, workdir: str) -> dict:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        val_r, val_w = os.pipe()
+        env = dict(self.config["env"], HOME=workdir, TMPDIR=workdir)
+        timeout = float(request["timeout"])
+        limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
+        limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
+        if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = child_harness.EXIT_CONFINE_FAILED
+            try:
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.dup2(val_w, child_harness.VALUES_FD)
+                os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
+                child_harness.confine(workdir=workdir, env=env, limits=limits, drop_uid=self.is_root,
+                                      seccomp_program=self.seccomp)
+            except BaseException as exc:
+                try:
+                    os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
+                    os.write(child_harness.VALUES_FD, b'{"s":"confine_failed","e":null}\n')
+                finally:
+                    os._exit(code)
+            try:
+                child_harness.run(request["code"], request.get("setup") or "", request.get("probes") or ())
+            finally:
+                os._exit(1)
+        if self.own_pidns is not None:
+            _libc.setns(self.own_pidns, CLONE_NEWPID)
+        for fd in (out_w, err_w, val_w):
+            os.close(fd)
+        return self._supervise(pid, request, started, timeout, out_r, err_r, val_r)
+
+    def _supervise(self, pid, request, started, timeout, out_r, err_r, val_r) -> dict:
+        cap = int(request.get("max_output_bytes") or self.config["max_output_bytes"])
+        streams = {out_r: Capped(cap), err_r: Capped(cap), val_r: Capped(int(self.config["max_values_bytes"]))}
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        for fd in (*streams, pidfd, self.control.fd):
+            poller.register(fd, select.POLLIN)
+        deadline = started + timeout
+        reason = None
+        exited = False
+        while not exited and reason is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                reason = "timeout"
+                break
+            for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
+                if fd in streams:
+                    data = os.read(fd, READ_CHUNK)
+                    if data:
+                        streams[fd].add(data)
+                    else:
+                        poller.unregister(fd)
+                elif fd == pidfd:
+                    exited = True
+                elif fd == self.control.fd:
+                    reason = self._read_control(request["id"]) or reason
+        if not exited:
+            os.kill(pid, signal.SIGKILL)
+        _, wait_status = os.waitpid(pid, 0)
+        duration = time.monotonic() - started
+        os.close(pidfd)
+        if self.own_pidns is None:
+            self._kill_descendants(pid)
+        for fd, stream in streams.items():  # whatever is still buffered; writers are all gone
+            _drain(fd, stream)
+            os.close(fd)
+        return _result(wait_status, reason, streams[out_r], streams[err_r], streams[val_r], duration)
+
+    def _read_control(self, exec_id):
+        try:
+            self.control.fill()
+        except OSError:
+            self.control.eof = True
+        if self.control.eof:
+            self.shutting_down = True
+            return "cancelled"
+        reason = None
+        pending = []
+        while (line := self.control.pop()) is not None:
+            message = json.loads(line)
+            if message.get("op") == "kill" and message.get("id") == exec_id:
+                reason = "cancelled"
+            elif message.get("op") == "run":
+                pending.append(line)
+        if pending:  # not expected (one request at a time), but never drop a request
+            self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
+        return reason
+
+    def _kill_descendants(self, pid: int) -> None:
+        """Without a PID namespace: kill the child's process group, then (as subreaper) every
+        orphan that was reparented to us, until we have no children left."""
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for _ in range(1000):
+            children = _children_of(os.getpid())
+            if not children:
+                break
+            for child in children:
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
+            _reap_all()
+            time.sleep(0.001)
+        _reap_all()
+
+
+def _result(wait_status, reason, out, err, values, duration) -> dict:
+    returncode = os.waitstatus_to_exitcode(wait_status)
+    status_line = None
+    probe_lines = []
+    for raw in values.value().split(b"\n"):
+        if raw.startswith(b'{"s":'):
+            status_line = raw
+        elif raw:
+            probe_lines.append(raw.decode("utf-8", "replace"))
+    reported, error_type = None, None
+    if status_line is not None:
+        try:
+            parsed = json.loads(status_line)
+            reported, error_type = parsed.get("s"), parsed.get("e")
+        except ValueError:
+            pass
+    if reason is not None:
+        status = reason
+    elif reported == "confine_failed":
+        status = "internal_error"
+    elif returncode < 0:
+        signum = -returncode
+        stderr_text = err.value()[-2000:]
+        if signum == signal.SIGXCPU:
+            status = "timeout"
+        elif b"MemoryError" in stderr_text or b"Cannot allocate memory" in stderr_text:
+            status = "memory"
+        else:
+            status = "killed"
+    elif reported in ("ok", "error", "syntax_error", "memory") and (reported != "ok" or returncode == 0):
+        status = reported
+    else:
+        status = "ok" if returncode == 0 else "error"
+    if status == "error" and error_type is None and returncode not in (0, None):
+        error_type = "SystemExit" if reported is None else None
+    return {
+        "status": status, "returncode": returncode, "error_type": error_type if status != "ok" else None,
+        "stdout": out.value().decode("utf-8", "replace"), "stderr": err.value().decode("utf-8", "replace"),
+        "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
+        "stdout_bytes": out.total, "stderr_bytes": err.total,
+        "probe_lines": probe_lines, "probe_lines_truncated": values.truncated, "duration_s": duration,
+    }
+
+
+def _drain(fd: int, stream: Capped) -> None:
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:  # a writer survived (only possible without a PID namespace)
+            return
+        if not data:
+            return
+        stream.add(data)
+
+
+def _children_of(parent: int) -> list:
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == parent:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _clear_directory(path: str) -> None:
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return
+    for entry in entries:
+        full = os.path.join(path, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            try:
+                os.unlink(full)
+            except OSError:
+                pass
+
+
+def main() -> None:
+    # Keep the protocol pipes on private fds; fds 0/1 point at /dev/null so a stray print cannot
+    # corrupt the protocol, and the child starts from a clean fd table.
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = open(os.devnull, "w")
+    reader = LineReader(proto_in)
+    config_line = reader.read_line()
+    if config_line is None:
+        return
+    worker = Worker(json.loads(config_line), proto_in, proto_out)
+    worker.control = reader
+    worker.serve()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the trainer, which closes us
+    main()

@@ -1,0 +1,133 @@
+"""The parent's handle on one worker process: start it, send one execution, read its answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import tempfile
+import threading
+import time
+
+from .launch import WorkerLaunch
+
+
+class WorkerFailure(RuntimeError):
+    """The worker died, hung or spoke garbage. The execution gets status internal_error."""
+
+
+class WorkerProcess:
+    """One long-lived worker. Not thread-safe except for ``kill_execution`` and ``close``."""
+
+    def __init__(self, launch: WorkerLaunch, startup_timeout: float = 30.0):
+        """Start the worker and wait for its hello (which lists the layers it could turn on).
+
+        Call this from a thread that outlives the worker: PR_SET_PDEATHSIG (bwrap's
+        --die-with-parent) fires when the *thread* that started the process exits.
+        """
+        self.launch = launch
+        self._stderr = tempfile.TemporaryFile()
+        self._write_lock = threading.Lock()
+        self._buffer = bytearray()
+        self.executions = 0
+        try:
+            self._process = subprocess.Popen(
+                launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                env=launch.env, start_new_session=True, close_fds=True, bufsize=0, cwd="/")
+        except OSError as e:
+            raise WorkerFailure(f"could not start the worker ({launch.argv[0]}): {e}") from None
+        self._send(launch.config)
+        hello = self._read_message(time.monotonic() + startup_timeout)
+        if hello.get("op") != "hello":
+            self.close()
+            raise WorkerFailure(f"worker said {hello!r:.200} instead of hello")
+        self.layers: dict = hello.get("layers", {})
+        self.pid: int = self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def run(self, request: dict, deadline: float) -> dict:
+        """Send one execution and wait for its result until ``deadline`` (time.monotonic())."""
+        self._send(request)
+        self.executions += 1
+        while True:
+            message = self._read_message(deadline)
+            if message.get("op") == "result" and message.get("id") == request["id"]:
+                return message
+
+    def kill_execution(self, exec_id: str) -> None:
+        try:
+            self._send({"op": "kill", "id": exec_id})
+        except WorkerFailure:
+            pass
+
+    def close(self, grace: float = 2.0) -> None:
+        """EOF on stdin: the worker kills its child's tree and exits; SIGKILL if it lingers."""
+        with self._write_lock:
+            try:
+                self._process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        try:
+            self._process.stdout.close()
+        except OSError:
+            pass
+        self._stderr.close()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self._process.pid, 9)  # bwrap and everything it started (own session)
+        except OSError:
+            pass
+        try:
+            self._process.kill()
+            self._process.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - limit))
+            return self._stderr.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def _send(self, message: dict) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._write_lock:
+            try:
+                self._process.stdin.write(data)
+            except (OSError, ValueError) as e:  # BrokenPipe, or closed
+                raise WorkerFailure(f"worker gone ({e}); stderr: {self.stderr_tail()}") from None
+
+    def _read_message(self, deadline: float) -> dict:
+        fd = self._process.stdout.fileno()
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[:end + 1]
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    raise WorkerFailure(f"unreadable worker message {line[:200]!r}") from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerFailure("worker did not answer in time (killed)")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    self.kill()
+                    raise WorkerFailure(f"worker exited ({self._process.poll()}); stderr: {self.stderr_tail()}")
+                self._buffer += data
