@@ -1,0 +1,20 @@
+"""Checkpoints of a run: ``checkpoints/step-<N>.ckpt`` every N optimizer steps, plus ``last.ckpt``."""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class StepCheckpoint(ModelCheckpoint):
+    def __init__(self, every_n_train_steps: int = 50, keep: int = -1, save_weights_only: bool = False) -> None:
+        """Save every ``every_n_train_steps`` optimizer steps and at the end (``last.ckpt``).
+
+        Args:
+            every_n_train_steps: steps between numbered checkpoints (0: only ``last.ckpt``).
+            keep: numbered checkpoints to keep, newest first (-1: all).
+            save_weights_only: leave out the optimizer state (smaller files; resuming then restarts
+                AdamW's moments).
+        """
+        super().__init__(filename="step-{step}", auto_insert_metric_name=False, monitor="step", mode="max",
+                         save_top_k=keep, save_last=True, every_n_train_steps=every_n_train_steps or None,
+                         save_weights_only=save_weights_only)

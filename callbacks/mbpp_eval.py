@@ -1,0 +1,146 @@
+"""MBPP evaluation before, during and after training (the seed's initial / interval / final evals).
+
+Each eval logs ``mbpp_eval/pass_rate``, ``mbpp_eval/problems_passed`` (greedy) and, with
+``num_samples > 0``, ``mbpp_eval/pass@k``, at the trainer's global step; it writes every problem's
+completion and verdict to ``<run dir>/eval/step_<n>.json``. ``MBPP_EVAL_NUM_QUESTIONS`` in the
+environment overrides ``num_questions`` (as in the seed project), e.g. for a quick check of a big
+recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from callbacks.mbpp_scoring import EvalReport, score_policy
+from callbacks.run_dir import run_dir
+
+NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
+
+
+class MBPPEval(L.Callback):
+    def __init__(
+        self,
+        num_questions: int | None = 5,
+        every_n_steps: int = 20,
+        at_start: bool = True,
+        at_end: bool = True,
+        num_samples: int = 0,
+        k: list[int] = [1],  # noqa: B006 (jsonargparse needs the literal default)
+        temperature: float = 0.2,
+        max_new_tokens: int | None = None,
+        timeout: float = 10.0,
+        batch_size: int = 8,
+        sandbox_workers: int | None = None,
+    ) -> None:
+        """Score the policy on the DataModule's eval split (``data.eval_split``).
+
+        Args:
+            num_questions: first N problems of the split (None: all); ``MBPP_EVAL_NUM_QUESTIONS``
+                overrides it.
+            every_n_steps: evaluate every N optimizer steps (0: only at start and end).
+            at_start: evaluate before the first step (the baseline).
+            at_end: evaluate after the last step.
+            num_samples: completions sampled per problem for pass@k (0: greedy pass@1 only).
+            k: the k of pass@k (each must be <= num_samples).
+            temperature: sampling temperature of the pass@k samples.
+            max_new_tokens: generation limit (None: the model's ``max_new_tokens``).
+            timeout: seconds each program may run.
+            batch_size: prompts generated together.
+            sandbox_workers: sandbox worker processes (None: one per CPU core).
+        """
+        self.num_questions = num_questions
+        self.every_n_steps = every_n_steps
+        self.at_start = at_start
+        self.at_end = at_end
+        self.num_samples = num_samples
+        self.k = list(k)
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.timeout = timeout
+        self.batch_size = batch_size
+        self.sandbox_workers = sandbox_workers
+        self.history: list[dict] = []  # {"step", "pass_rate", "problems_passed", "path", ...}
+        self._pool = None
+        self._last_step: int | None = None
+
+    @property
+    def effective_num_questions(self) -> int | None:
+        override = os.environ.get(NUM_QUESTIONS_ENV)
+        if override:
+            try:
+                return int(override)
+            except ValueError:
+                raise ValueError(f"{NUM_QUESTIONS_ENV}={override!r} is not an integer: unset it or give a count") from None
+        return self.num_questions
+
+    # ---- when --------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        already = any(entry["step"] == trainer.global_step for entry in self.history)
+        if self.at_start and not already:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
+            self.evaluate(trainer, pl_module)
+        if self.history:
+            pl_module.log("pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
+                          batch_size=1)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.at_end and trainer.global_step != self._last_step and not _interrupted(trainer):
+            self.evaluate(trainer, pl_module)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._pool is not None:
+            self._pool.__exit__(None, None, None)
+            self._pool = None
+
+    # ---- what --------------------------------------------------------------------------------
+    def evaluate(self, trainer, pl_module) -> EvalReport:
+        datamodule = trainer.datamodule
+        tasks = datamodule.eval_tasks(self.effective_num_questions)
+        report = score_policy(
+            pl_module, tasks, datamodule.prompt_format, self._sandbox(), step=trainer.global_step,
+            split=datamodule.eval_split, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
+            temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
+            timeout=self.timeout, batch_size=self.batch_size)
+        self._last_step = trainer.global_step
+        path = None
+        if trainer.is_global_zero:
+            path = run_dir(trainer) / "eval" / f"step_{trainer.global_step}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report.as_json(), indent=2))
+            for logger in trainer.loggers:
+                logger.log_metrics(report.metrics(), step=trainer.global_step)
+                logger.save()
+        self.history.append({"step": trainer.global_step, **report.metrics(), "pass_rate": report.pass_rate,
+                             "num_questions": len(report.problems), "path": str(path) if path else None})
+        rank_zero_info(f"  MBPP eval at step {trainer.global_step} ({datamodule.eval_split}): pass rate "
+                       f"{report.pass_rate:.2f} ({report.problems_passed}/{len(report.problems)})"
+                       + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))
+        return report
+
+    def _sandbox(self):
+        if self._pool is None:
+            from rlcode.sandbox import SandboxPool
+
+            self._pool = SandboxPool(workers=self.sandbox_workers, timeout=self.timeout)
+            self._pool.__enter__()
+        return self._pool
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = list(state_dict.get("history", []))
+
+
+def _interrupted(trainer) -> bool:
+    from callbacks.shutdown import GracefulShutdown
+
+    return any(isinstance(c, GracefulShutdown) and c.requested for c in trainer.callbacks)

@@ -1,0 +1,99 @@
+"""Training scalars of each GRPO step, from the module's StepRecord, to every logger.
+
+Names follow the seed project's W&B panels (``reward/avg_batch_reward``,
+``reward/successful_predictions_count``) plus one mean per reward function (``reward/<name>``),
+completion lengths, loss parts (clip fractions, ratio, KL), throughput and where the step's time
+went. The progress bar gets the short ones: reward, tok/s. Each step also prints one line in the
+ART toolkit's format (``Step 3: reward=0.250, success=37.5% (3/8), time=41.2s``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from rlcode.algorithms.step_record import StepRecord
+
+
+def step_metrics(record: StepRecord) -> dict[str, float]:
+    """Every scalar worth plotting for one step."""
+    rewards = [r for r in record.rewards if not math.isnan(r)]
+    lengths = record.completion_lengths
+    step_seconds = record.timings.get("step", float("nan"))
+    metrics = {
+        "reward/avg_batch_reward": record.mean_reward,
+        "reward/successful_predictions_count": float(sum(r > 0 for r in rewards)),
+        "reward/std": _std(rewards),
+        "reward/frac_reward_zero_std": record.frac_reward_zero_std,
+        "completions/mean_length": sum(lengths) / max(len(lengths), 1),
+        "completions/max_length": float(max(lengths, default=0)),
+        "completions/truncated_fraction": sum(record.truncated) / max(len(record.truncated), 1),
+        "perf/tokens_per_s": record.generated_tokens / step_seconds if step_seconds > 0 else 0.0,
+        "perf/updated": float(record.updated),
+    }
+    for name, values in record.rewards_by_function.items():
+        scored = [v for v in values if not math.isnan(v)]
+        metrics[f"reward/{name}"] = sum(scored) / len(scored) if scored else float("nan")
+    metrics.update({f"reward/{key}": value for key, value in record.reward_metrics.items()})
+    metrics.update({f"loss/{key}": value for key, value in record.loss.items()})
+    metrics.update({f"perf/{key}_s": value for key, value in record.timings.items()})
+    return metrics
+
+
+def step_line(record: StepRecord) -> str:
+    """One human line per step, as the ART toolkit prints it."""
+    successes = sum(r > 0 for r in record.rewards)
+    total = len(record.rewards)
+    line = (f"  Step {record.step}: reward={record.mean_reward:.3f}, success={100 * successes / max(total, 1):.1f}% "
+            f"({successes}/{total}), time={record.timings.get('step', 0.0):.1f}s")
+    return line if record.updated else line + " (no update)"
+
+
+class GRPOMetrics(L.Callback):
+    def __init__(self, print_steps: bool = True) -> None:
+        """Log each step's scalars and keep their history for plots and the summary.
+
+        Args:
+            print_steps: print one line per step (reward, success count, time).
+        """
+        self.print_steps = print_steps
+        self.history: list[tuple[int, float]] = []  # (step, mean reward)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        record: StepRecord | None = getattr(pl_module, "last_step", None)
+        if record is None:
+            return
+        metrics = step_metrics(record)
+        grad_norm = getattr(pl_module, "last_grad_norm", None)
+        if grad_norm is not None and record.updated:
+            metrics["train/grad_norm"] = grad_norm
+        batch_size = len(record.prompts)
+        pl_module.log_dict({k: v for k, v in metrics.items() if not math.isnan(v)}, on_step=True, on_epoch=False,
+                           batch_size=batch_size)
+        pl_module.log("reward", record.mean_reward, prog_bar=True, logger=False, batch_size=batch_size)
+        pl_module.log("tok/s", metrics["perf/tokens_per_s"], prog_bar=True, logger=False, batch_size=batch_size)
+        self.history.append((record.step, record.mean_reward))
+        if self.print_steps:
+            _write(step_line(record))
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = [tuple(item) for item in state_dict.get("history", [])]
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+@rank_zero_only
+def _write(line: str) -> None:
+    from tqdm import tqdm  # cooperates with the progress bar instead of breaking its line
+
+    tqdm.write(line)

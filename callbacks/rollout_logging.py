@@ -1,0 +1,65 @@
+"""Sampled rollouts, to read what the model actually writes: ``rollouts.jsonl`` and a logger table.
+
+Every ``every_n_steps`` steps, ``samples_per_step`` completions (spread over the groups) are written
+with their prompt, reward, per-function rewards, advantage and verdict, one JSON object per line
+in ``<run dir>/rollouts.jsonl``; a W&B logger also gets them as a table.
+"""
+
+from __future__ import annotations
+
+import json
+
+import lightning as L
+
+from callbacks.run_dir import run_dir
+from rlcode.algorithms.step_record import StepRecord
+
+COLUMNS = ("step", "task_id", "prompt", "completion", "reward", "advantage", "verdict")
+
+
+def sample_rows(record: StepRecord, count: int) -> list[dict]:
+    """Up to ``count`` completions: the first of each group, then the second, ... (every prompt shows)."""
+    order = [index for rank in range(record.group_size) for index in
+             (group[rank] for group in record.groups())]
+    rows = []
+    for index in order[:count]:
+        prompt = index // record.group_size
+        rows.append({
+            "step": record.step,
+            "task_id": record.task_ids[prompt],
+            "prompt": record.prompts[prompt],
+            "completion": record.completions[index],
+            "reward": record.rewards[index],
+            "rewards": {name: values[index] for name, values in record.rewards_by_function.items()},
+            "advantage": record.advantages[index],
+            "verdict": record.details[index] if index < len(record.details) else "",
+            "truncated": record.truncated[index],
+        })
+    return rows
+
+
+class RolloutLogging(L.Callback):
+    def __init__(self, every_n_steps: int = 1, samples_per_step: int = 4) -> None:
+        """Write sampled completions to ``rollouts.jsonl`` (and a W&B table when W&B logs).
+
+        Args:
+            every_n_steps: steps between samples (0: never).
+            samples_per_step: completions kept per sampled step.
+        """
+        self.every_n_steps = every_n_steps
+        self.samples_per_step = samples_per_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        record: StepRecord | None = getattr(pl_module, "last_step", None)
+        if record is None or not self.every_n_steps or record.step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        rows = sample_rows(record, self.samples_per_step)
+        path = run_dir(trainer) / "rollouts.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_table"):  # WandbLogger
+                logger.log_table(key="rollouts", columns=list(COLUMNS),
+                                 data=[[row[c] for c in COLUMNS] for row in rows], step=trainer.global_step)

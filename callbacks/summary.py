@@ -1,0 +1,73 @@
+"""A short account at the end of ``fit``: what changed and where everything is."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from callbacks.run_dir import run_dir
+
+
+def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
+              checkpoint: str | None, plot: str | None, interrupted: str | None = None) -> str:
+    """The summary text (pure, so it can be tested without a trainer)."""
+    lines = [f"rlcode fit {'stopped by ' + interrupted if interrupted else 'finished'}: {steps} optimizer steps "
+             f"in {_duration(seconds)}"]
+    values = [r for _, r in rewards if not math.isnan(r)]
+    if values:
+        window = max(1, min(3, len(values) // 2))
+        first, last = values[:window], values[-window:]
+        lines.append(f"  mean reward: first {window} step(s) {sum(first) / len(first):+.3f} -> "
+                     f"last {window} step(s) {sum(last) / len(last):+.3f}")
+    if evals:
+        before, after = evals[0], evals[-1]
+        lines.append(f"  MBPP pass rate ({after.get('num_questions', '?')} problems): {before['pass_rate']:.2f} at "
+                     f"step {before['step']} -> {after['pass_rate']:.2f} at step {after['step']}")
+    lines.append(f"  run dir:    {run}")
+    if checkpoint:
+        lines.append(f"  checkpoint: {checkpoint}")
+    if evals and evals[-1].get("path"):
+        lines.append(f"  eval:       {evals[-1]['path']}")
+    if plot:
+        lines.append(f"  plot:       {plot}")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+class RunSummary(L.Callback):
+    def __init__(self) -> None:
+        """Print steps, reward first vs last, pass rate before vs after, and the run's files."""
+        self.text: str | None = None
+        self._started = time.perf_counter()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._started = time.perf_counter()
+
+    @rank_zero_only
+    def on_fit_end(self, trainer, pl_module) -> None:
+        from callbacks.mbpp_eval import MBPPEval
+        from callbacks.metrics import GRPOMetrics
+        from callbacks.plots import TrainingPlots
+        from callbacks.shutdown import GracefulShutdown
+
+        def find(kind):
+            return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
+
+        metrics, evals, plots, shutdown = find(GRPOMetrics), find(MBPPEval), find(TrainingPlots), find(GracefulShutdown)
+        checkpoint = trainer.checkpoint_callback
+        last = None
+        if checkpoint is not None:
+            last = checkpoint.last_model_path or checkpoint.best_model_path or None
+        self.text = summarize(
+            steps=trainer.global_step, seconds=time.perf_counter() - self._started,
+            rewards=metrics.history if metrics else [], evals=evals.history if evals else [],
+            run=str(run_dir(trainer)), checkpoint=last, plot=str(plots.path) if plots and plots.path else None,
+            interrupted=shutdown.requested if shutdown else None)
+        print("\n" + self.text, flush=True)

@@ -1,0 +1,193 @@
+"""``rlcode fit|validate|test --config configs/X.yaml``: the LightningCLI of the project.
+
+The config surface is the typed ``__init__`` of each class: ``model:`` is ``rlcode.algorithms.grpo.GRPO``,
+``data:`` is ``rlcode.data.datamodule.MBPPDataModule``, ``eval:`` / ``rollout_log:`` / ``checkpoint:``
+are callbacks, ``run:`` is ``RunSettings`` below, ``trainer:`` is Lightning's. Several ``--config``
+files overlay left to right; ``--print_config`` shows the merged result.
+
+Run directory: ``<run.root_dir>/<run.experiment>/version_<n>/`` holds config.yaml, metrics.csv,
+checkpoints/, eval/, rollouts.jsonl and plots/. ``--ckpt_path last`` resumes the newest run of the
+experiment that has a ``last.ckpt``, in the same directory (a requeued SLURM job picks up where it
+stopped; the first run of such a job starts fresh). SLURM signals are Lightning's business: its
+SLURMEnvironment is detected automatically and never belongs in a YAML file.
+
+Secrets (``WANDB_API_KEY``, ``HF_TOKEN``) come from the environment or a ``.env`` file, never from
+configs, so they cannot end up in the saved config.yaml.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from callbacks import (GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary, StepCheckpoint,
+                       TrainingPlots)
+from rlcode.algorithms.grpo import GRPO
+from rlcode.data.datamodule import MBPPDataModule
+
+WandbMode = Literal["online", "offline", "disabled"]
+_said_offline: set[str] = set()
+
+
+class RunSettings:
+    def __init__(self, experiment: str = "rlcode", root_dir: str = "runs", wandb: WandbMode | None = None,
+                 wandb_project: str = "rlcode") -> None:
+        """Where the run's files go and which loggers write them.
+
+        Args:
+            experiment: name of the run's folder under ``root_dir`` (and of the W&B run group).
+            root_dir: parent folder of all experiments.
+            wandb: "online", "offline" or "disabled"; None reads ``WANDB_MODE`` (unset: disabled).
+                Online without a reachable server or an API key falls back to offline.
+            wandb_project: W&B project name.
+        """
+        self.experiment = experiment
+        self.root_dir = root_dir
+        self.wandb = wandb
+        self.wandb_project = wandb_project
+
+    @property
+    def experiment_dir(self) -> Path:
+        return Path(self.root_dir) / self.experiment
+
+
+class RLCodeCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunSettings, "run")
+        parser.add_lightning_class_args(MBPPEval, "eval")
+        parser.add_lightning_class_args(RolloutLogging, "rollout_log")
+        parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
+        # One precision knob: the trainer's decides the dtype the model's weights load in.
+        parser.link_arguments("trainer.precision", "model.precision", compute_fn=_weight_precision)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _go_offline_if_hub_unreachable()
+        self._resume_version = None
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            config["ckpt_path"], self._resume_version = _find_last_checkpoint(config["run"])
+
+    def instantiate_trainer(self, **kwargs: Any):
+        run: RunSettings = self._get(self.config_init, "run")
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
+            kwargs["logger"] = _loggers(run, self._resume_version)
+        # Always on, in this order: metrics before plots (plots read metrics' history), eval results
+        # before plots and the summary; shutdown before the summary so it can say it was interrupted.
+        extra = [GRPOMetrics(), TrainingPlots(), GracefulShutdown(), RunSummary()]
+        trainer_config = {**trainer_config, **kwargs}
+        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        return self._instantiate_trainer(trainer_config, callbacks + extra)
+
+
+def _weight_precision(precision) -> str:
+    return "32-true" if precision is None else str(precision)
+
+
+def _find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
+    """(path of the newest run's last.ckpt, its version number), or (None, None) to start fresh."""
+    folder = Path(run["root_dir"]) / run["experiment"]
+    candidates = []
+    for path in folder.glob("version_*/checkpoints/last.ckpt"):
+        match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
+        if match:
+            candidates.append((int(match.group(1)), path))
+    if not candidates:
+        print(f"--ckpt_path last: no checkpoint under {folder}/version_*/checkpoints/ yet, starting fresh",
+              file=sys.stderr)
+        return None, None
+    version, path = max(candidates)
+    print(f"resuming from {path}", file=sys.stderr)
+    return str(path), version
+
+
+def _loggers(run: RunSettings, version: int | None) -> list:
+    from lightning.pytorch.loggers import CSVLogger
+
+    csv = CSVLogger(save_dir=run.root_dir, name=run.experiment, version=version)
+    loggers = [csv]  # first: its folder is the run directory
+    mode = _wandb_mode(run.wandb)
+    if mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers.append(WandbLogger(project=run.wandb_project, group=run.experiment, save_dir=csv.log_dir,
+                                   mode=mode))
+    return loggers
+
+
+def _wandb_mode(requested: str | None) -> str:
+    mode = requested or os.environ.get("WANDB_MODE") or "disabled"
+    if mode == "dryrun":
+        mode = "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise ValueError(f"W&B mode {mode!r} (run.wandb or WANDB_MODE) is not online, offline or disabled")
+    if mode == "online":
+        if not os.environ.get("WANDB_API_KEY") and not _has_netrc_login("api.wandb.ai"):
+            _say_once("wandb", "W&B: no WANDB_API_KEY (environment or .env): logging offline; "
+                               "`wandb sync` the run folder later")
+            return "offline"
+        if not _reachable("api.wandb.ai"):
+            _say_once("wandb", "W&B: api.wandb.ai unreachable: logging offline; `wandb sync` the run folder later")
+            return "offline"
+    return mode
+
+
+def _go_offline_if_hub_unreachable() -> None:
+    """Without a reachable Hub, transformers/datasets retry for minutes: tell them to stay offline."""
+    if os.environ.get("HF_HUB_OFFLINE"):
+        return
+    if not _reachable("huggingface.co"):
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        _say_once("hub", "Hugging Face Hub unreachable: running offline (local folders, the HF cache and "
+                         "the embedded model only)")
+
+
+def _reachable(host: str, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _has_netrc_login(host: str) -> bool:
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _say_once(key: str, message: str) -> None:
+    if key not in _said_offline:
+        _said_offline.add(key)
+        print(message, file=sys.stderr)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``rlcode`` console script."""
+    from dotenv import load_dotenv
+
+    load_dotenv(dotenv_path=Path.cwd() / ".env", override=False)  # API keys only; never in configs
+    RLCodeCLI(
+        GRPO,
+        MBPPDataModule,
+        args=args,
+        save_config_kwargs={"overwrite": True},  # a requeued job rewrites its config instead of crashing
+        seed_everything_default=0,
+        auto_configure_optimizers=False,  # the module's typed learning_rate/weight_decay are the surface
+        trainer_defaults={"max_steps": 100, "log_every_n_steps": 1, "num_sanity_val_steps": 0,
+                          "enable_model_summary": False},
+    )
+
+
+if __name__ == "__main__":
+    main()
