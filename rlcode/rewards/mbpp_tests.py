@@ -1,0 +1,77 @@
+"""MBPP test rewards: the completion's code against the task's asserts, judged by the parent."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+
+from rlcode.rewards.base import SandboxReward, Scored
+from rlcode.rewards.extraction import extract_code
+from rlcode.sandbox.asserts import called_function_names
+from rlcode.sandbox.verdict import TestVerdict, check_program
+
+_BUILTINS = frozenset(dir(__import__("builtins")))
+
+
+def entry_point_of(tests) -> str | None:
+    """The function the tests call: the first called name that is not a builtin, else the first
+    called name at all (MBPP task 126's tests call the solution's own ``sum``)."""
+    names = [name for test in tests for name in called_function_names(test)]
+    return next((n for n in names if n not in _BUILTINS), names[0] if names else None)
+
+
+class MBPPTestsPassed(SandboxReward):
+    """1.0 when every test in ``test_list`` passes, else 0.0.
+
+    Reads the ``test_list`` column (and ``test_setup_code`` when present) of each completion's row.
+    """
+
+    name = "mbpp_tests"
+    lowest = 0.0
+
+    def __init__(self, pool=None, timeout: float = 10.0, workers: int | None = None,
+                 tags=None, run_id: str | None = None, include_challenge_tests: bool = False):
+        """
+        Args:
+            include_challenge_tests: also run the ``challenge_test_list`` column's asserts.
+            (Other arguments: see ``SandboxReward``.)
+        """
+        super().__init__(pool=pool, timeout=timeout, workers=workers, tags=tags, run_id=run_id)
+        self.include_challenge_tests = include_challenge_tests
+
+    def _submit(self, completion, row: dict, tags: dict[str, str]) -> Future:
+        tests = _tests(row.get("test_list"))
+        if self.include_challenge_tests:
+            tests += _tests(row.get("challenge_test_list") or [])
+        if not tests:
+            raise ValueError("no test_list for this completion: pass the dataset's test_list column")
+        code = extract_code(completion, entry_point_of(tests))
+        setup = row.get("test_setup_code") or ""
+        return check_program(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
+
+    def _score(self, verdict: TestVerdict) -> Scored:
+        return Scored(self._reward(verdict), verdict.reason, verdict.status, verdict.all_passed)
+
+    def _reward(self, verdict: TestVerdict) -> float:
+        return 1.0 if verdict.all_passed else 0.0
+
+
+class MBPPTestsFraction(MBPPTestsPassed):
+    """The fraction of ``test_list`` asserts that pass (a denser signal than all-or-nothing)."""
+
+    name = "mbpp_tests_fraction"
+
+    def _reward(self, verdict: TestVerdict) -> float:
+        return float(verdict.fraction)
+
+
+def _tests(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):  # a column stored as a JSON list, or a single assert
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return [value]
+        value = decoded if isinstance(decoded, list) else [value]
+    return [str(test) for test in value]
