@@ -10,6 +10,7 @@ import atexit
 import builtins
 import ctypes
 import io
+import linecache
 import os
 import resource
 import signal
@@ -76,6 +77,21 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+_CapData = ctypes.c_uint32 * 6  # effective, permitted, inheritable for two 32-bit words
+
+
+def _clear_capabilities() -> None:
+    """setuid() to 65534 already emptied the permitted and effective sets; bwrap's --cap-add also
+    fills the inheritable set, which we empty too so no capability can come back, even by exec."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    if _libc.capset(ctypes.byref(header), ctypes.byref(_CapData())) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
 def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_program) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
@@ -91,6 +107,7 @@ def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_pr
         os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
         if os.getuid() != SANDBOX_UID or os.geteuid() != SANDBOX_UID:
             raise OSError("uid drop did not take effect")
+        _clear_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
     if seccomp_program is not None:
         seccomp_program.load()
@@ -104,8 +121,11 @@ def _status(status: str, error_type=None) -> None:
 
 
 def _report_exception(exc) -> None:
-    try:
-        _print_exception(_type(exc), exc, exc.__traceback__, file=sys.stderr)
+    try:  # like the interpreter's own report, minus the harness's frame
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        _print_exception(_type(exc), exc, tb, file=sys.stderr)
     except _BaseException:
         try:
             _write(2, b"".join(s.encode("utf-8", "replace") for s in _format_exception_only(_type(exc), exc)))
@@ -170,6 +190,7 @@ def run(code: str, setup: str, probes) -> None:
     for name in ("plain_data", "child_harness", "worker_main"):
         sys.modules.pop(name, None)
     scope = main.__dict__
+    linecache.cache["<candidate>"] = (len(code), None, code.splitlines(True), "<candidate>")  # tracebacks show lines
     try:
         compiled = _compile(code, "<candidate>", "exec")
     except _BaseException as exc:  # SyntaxError, IndentationError, ValueError (null bytes), ...

@@ -72,7 +72,7 @@ def detect_isolation(isolation: str = "auto") -> IsolationReport:
 
 def probe_isolation(isolation: str, limits: Limits) -> Probe:
     if isolation not in REQUESTS:
-        raise IsolationUnavailable(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
+        raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
     try:
         bpf, seccomp_note = build_filter_bpf(), "syscall filter loaded in every child"
     except SeccompUnavailable as e:

@@ -45,6 +45,7 @@ class _Job:
     state: str = "pending"  # pending -> running -> done
     started_at: float | None = None
     slot: _Slot | None = None
+    stop_requested: bool = False
 
 
 class SandboxPool:
@@ -144,10 +145,12 @@ class SandboxPool:
                 job.state = "done"
                 del self._jobs[job.exec_id]
             running = [(j, j.slot) for j in matching if j.state == "running"]
+            for job, _ in running:
+                job.stop_requested = True
         for job in pending:
             _resolve(job.future, _internal(job, Status.CANCELLED, "stopped before it started", ""))
         for job, slot in running:
-            slot.kill_running(job.exec_id)
+            slot.kill_running(job)
         return len(pending) + len(running)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -199,13 +202,14 @@ class _Slot:
     def __init__(self, pool: SandboxPool, jobs: queue.Queue, name: str):
         self.pool, self.queue, self.name = pool, jobs, name
         self.worker: WorkerProcess | None = None
-        self.running_id: str | None = None
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def kill_running(self, exec_id: str) -> None:
+    def kill_running(self, job: _Job) -> None:
+        # Either _execute sees job.stop_requested before sending, or the worker gets this kill
+        # (before or during the run: it remembers kills for executions it has not started yet).
         worker = self.worker
-        if worker is not None and self.running_id == exec_id:
-            worker.kill_execution(exec_id)
+        if worker is not None:
+            worker.kill_execution(job.exec_id)
 
     def _loop(self) -> None:
         try:
@@ -222,9 +226,10 @@ class _Slot:
             worker = self._ready_worker()
         except WorkerFailure as e:
             return _internal(job, Status.INTERNAL_ERROR, f"could not start a worker: {e}", self.pool.isolation.level)
+        if job.stop_requested:
+            return _internal(job, Status.CANCELLED, "stopped before it started", worker.launch.level)
         request = {"op": "run", "id": job.exec_id, "code": job.program.code, "setup": job.program.setup,
                    "probes": list(job.program.probes), "timeout": job.timeout}
-        self.running_id = job.exec_id
         try:
             raw = worker.run(request, time.monotonic() + job.timeout + WORKER_DEADLINE_MARGIN_S)
         except WorkerFailure as e:
@@ -232,8 +237,6 @@ class _Slot:
             worker.kill()
             self.worker = None
             return _internal(job, Status.INTERNAL_ERROR, str(e), worker.launch.level)
-        finally:
-            self.running_id = None
         return _from_worker(job, raw, worker.launch.level)
 
     def _ready_worker(self) -> WorkerProcess:

@@ -120,6 +120,7 @@ class Worker:
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
+        self.early_kills: set = set()
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -158,10 +159,14 @@ class Worker:
             if line is None:
                 return
             message = json.loads(line)
-            if message.get("op") != "run":
-                continue  # a kill for an execution that already finished
+            if message.get("op") == "kill":  # for a finished execution, or one not started yet
+                self.early_kills = (self.early_kills | {message.get("id")}) if len(self.early_kills) < 64 else set()
+                continue
             try:
-                result = self.execute(message)
+                if message["id"] in self.early_kills:
+                    result = {"status": "cancelled", "message": "stopped before it started"}
+                else:
+                    result = self.execute(message)
             except Exception as exc:  # the sandbox's own failure: report, keep serving
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
             result.update(op="result", id=message["id"])
@@ -225,7 +230,7 @@ class Worker:
         for fd in (*streams, pidfd, self.control.fd):
             poller.register(fd, select.POLLIN)
         deadline = started + timeout
-        reason = None
+        reason = self._scan_control(request["id"])  # a kill may have arrived with the request
         exited = False
         while not exited and reason is None:
             remaining = deadline - time.monotonic()
@@ -263,6 +268,9 @@ class Worker:
         if self.control.eof:
             self.shutting_down = True
             return "cancelled"
+        return self._scan_control(exec_id)
+
+    def _scan_control(self, exec_id):
         reason = None
         pending = []
         while (line := self.control.pop()) is not None:
@@ -329,8 +337,6 @@ def _result(wait_status, reason, out, err, values, duration) -> dict:
         status = reported
     else:
         status = "ok" if returncode == 0 else "error"
-    if status == "error" and error_type is None and returncode not in (0, None):
-        error_type = "SystemExit" if reported is None else None
     return {
         "status": status, "returncode": returncode, "error_type": error_type if status != "ok" else None,
         "stdout": out.value().decode("utf-8", "replace"), "stderr": err.value().decode("utf-8", "replace"),
