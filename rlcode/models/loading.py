@@ -111,7 +111,7 @@ def load_model(
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
     model = _from_pretrained(AutoModelForCausalLM, source, name_or_path, **kwargs)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _enable_activation_checkpointing(model)
         if lora is not None:
             model.enable_input_require_grads()  # frozen embeddings would cut the checkpointed graph
     if lora is not None:
@@ -119,6 +119,14 @@ def load_model(
             model, lora, quantized=quantization is not None, gradient_checkpointing=gradient_checkpointing
         )
     return model
+
+
+def _enable_activation_checkpointing(model) -> None:
+    # Non-reentrant checkpointing works with frozen inputs (LoRA) and is torch's recommended mode.
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _from_pretrained(auto_class, source: str, requested: str, **kwargs):
