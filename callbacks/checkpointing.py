@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+# GRPO steps the optimizer inside training_step by design, so a checkpoint holds the state after
+# the step it is named after; Lightning's warning about exactly that is noise here.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 class StepCheckpoint(ModelCheckpoint):

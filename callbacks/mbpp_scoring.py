@@ -93,7 +93,7 @@ def _generate(module, prompts: list[str], per_prompt: int, temperature: float, m
 
 
 def _check_all(pool, tasks: list[MBPPTask], completions: list[str], per_task: int, timeout: float) -> list:
-    from rlcode.rewards import extract_code
+    from rlcode.rewards.extraction import extract_code
     from rlcode.sandbox.verdict import check_program
 
     futures = []
@@ -101,7 +101,7 @@ def _check_all(pool, tasks: list[MBPPTask], completions: list[str], per_task: in
         task = tasks[index // per_task]
         code = extract_code(completion, task.entry_point)
         futures.append(check_program(pool, code, list(task.test_list), setup=task.test_setup_code, timeout=timeout,
-                                     tags=("mbpp-eval", f"task-{task.task_id}")))
+                                     tags={"run": "mbpp-eval", "task": str(task.task_id)}))
     return [future.result() for future in futures]
 
 

@@ -24,7 +24,7 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     step_seconds = record.timings.get("step", float("nan"))
     metrics = {
         "reward/avg_batch_reward": record.mean_reward,
-        "reward/successful_predictions_count": float(sum(r > 0 for r in rewards)),
+        "reward/successful_predictions_count": float(successes(record)),
         "reward/std": _std(rewards),
         "reward/frac_reward_zero_std": record.frac_reward_zero_std,
         "completions/mean_length": sum(lengths) / max(len(lengths), 1),
@@ -42,12 +42,19 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     return metrics
 
 
+def successes(record: StepRecord) -> int:
+    """Successful completions as the first reward function counts them (execution: the program ran;
+    MBPP tests: every assert passed), else those with a positive total reward."""
+    first = next(iter(record.rewards_by_function), None)
+    counted = record.reward_metrics.get(f"{first}/successful_predictions_count")
+    return int(counted) if counted is not None else sum(r > 0 for r in record.rewards)
+
+
 def step_line(record: StepRecord) -> str:
     """One human line per step, as the ART toolkit prints it."""
-    successes = sum(r > 0 for r in record.rewards)
-    total = len(record.rewards)
-    line = (f"  Step {record.step}: reward={record.mean_reward:.3f}, success={100 * successes / max(total, 1):.1f}% "
-            f"({successes}/{total}), time={record.timings.get('step', 0.0):.1f}s")
+    count, total = successes(record), len(record.rewards)
+    line = (f"  Step {record.step}: reward={record.mean_reward:.3f}, success={100 * count / max(total, 1):.1f}% "
+            f"({count}/{total}), time={record.timings.get('step', 0.0):.1f}s")
     return line if record.updated else line + " (no update)"
 
 

@@ -16,6 +16,7 @@ on ``self``, outside the hyperparameters.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,12 +36,13 @@ if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
 
 REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
+_ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
 
 
 class GRPO(L.LightningModule):
     def __init__(
         self,
-        model: str = "smollm2-135m-instruct",
+        model_name: str = "smollm2-135m-instruct",
         precision: str = "32-true",
         gradient_checkpointing: bool = False,
         lora: LoraSettings | None = None,
@@ -74,7 +76,7 @@ class GRPO(L.LightningModule):
         """Group Relative Policy Optimization of a causal LM on code rewards.
 
         Args:
-            model: short name ("smollm2-135m-instruct", "tiny-random"), local folder or hub id.
+            model_name: short name ("smollm2-135m-instruct", "tiny-random"), local folder or hub id.
             precision: weight precision as a Lightning string ("32-true", "bf16-true", ...).
             gradient_checkpointing: recompute activations in backward (less memory, ~13% slower).
             lora: train LoRA adapters instead of every weight; the adapter-free base is then the
@@ -134,9 +136,10 @@ class GRPO(L.LightningModule):
         from rlcode.models import is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
-        self.tokenizer = load_tokenizer(hp.model)
-        self.policy = load_model(hp.model, precision=hp.precision,
+        self.tokenizer = load_tokenizer(hp.model_name)
+        self.policy = load_model(hp.model_name, precision=hp.precision,
                                  gradient_checkpointing=hp.gradient_checkpointing, lora=hp.lora)
+        self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
         if hp.beta != 0.0 and not is_lora_model(self.policy):
             # Copied before any checkpoint is restored: the reference stays the starting policy.
             self._reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
@@ -187,6 +190,7 @@ class GRPO(L.LightningModule):
             rollout = self.generate(prompts, group, temperature=hp.temperature, seed=self._sampling_seed())
 
         columns = {name: _repeat_each(batch[name], group) for name in REWARD_COLUMNS if name in batch}
+        columns["step"] = self.global_step  # tags the sandbox executions of this step
         reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
 
         with _timed(timings, "logps"):  # overlaps the sandbox running the rewards
@@ -275,19 +279,17 @@ class GRPO(L.LightningModule):
 
     def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
                  max_new_tokens: int | None = None, seed: int | None = None):
-        """G completions per rendered prompt (prompt-major), with the policy in eval mode."""
+        """G completions per rendered prompt (prompt-major); the backend switches to eval mode."""
         from rlcode.rollout import SamplingParams
 
         hp = self.hparams
         params = SamplingParams(temperature=temperature, top_p=hp.top_p, top_k=hp.top_k,
                                 max_new_tokens=max_new_tokens or hp.max_new_tokens,
                                 stop=list(hp.stop or []), seed=seed)
-        was_training = self.policy.training
-        self.policy.eval()
-        try:
-            return self.backend.generate(prompts, num_generations, params)
-        finally:
-            self.policy.train(was_training)
+        rollout = self.backend.generate(prompts, num_generations, params)
+        # The backend decodes under inference_mode; autograd refuses such tensors as inputs, so
+        # the loss gets ordinary copies.
+        return dataclasses.replace(rollout, **{name: getattr(rollout, name).clone() for name in _ROLLOUT_TENSORS})
 
     def _logps(self, model, rollout: RolloutBatch):
         return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,

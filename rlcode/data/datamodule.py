@@ -18,12 +18,14 @@ Evaluation tasks (``eval_split``) are not a dataloader: the MBPP eval callback a
 
 from __future__ import annotations
 
+import os
 import random
 from typing import TYPE_CHECKING, Any, Iterator
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
+from rlcode.data.mbpp import ENV_VAR, HUB_ID
 from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt
 
 if TYPE_CHECKING:
@@ -81,7 +83,8 @@ class MBPPDataModule(L.LightningDataModule):
         """MBPP prompts for training and tasks for evaluation.
 
         Args:
-            source: MBPP data: a file, folder or hub id; None reads ``MBPP_DATASET_PATH``.
+            source: MBPP data: a file, folder or hub id; None reads ``MBPP_DATASET_PATH``, and
+                without it the hub copy (``google-research-datasets/mbpp``).
             train_split: split the training prompts come from ("train" = tasks 601-974).
             eval_split: split the MBPP eval callback scores ("validation" = tasks 511-600).
             num_train_tasks: use only the first N training tasks (by task id); None = all.
@@ -96,7 +99,7 @@ class MBPPDataModule(L.LightningDataModule):
             raise ValueError(f"unknown prompt_format {prompt_format!r}: use one of {', '.join(PROMPT_FORMATS)}")
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        self.source = source
+        self.source = source or os.environ.get(ENV_VAR) or HUB_ID
         self.train_split = train_split
         self.eval_split = eval_split
         self.num_train_tasks = num_train_tasks
