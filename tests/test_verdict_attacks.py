@@ -241,6 +241,32 @@ def test_status_reasons(pool):
     assert verdict.reason == "timeout" and not any(verdict.passed)
 
 
+REBINDING_ATTACKS = {  # the program rebinds a name the expected side uses, then matches its fake
+    "fake_sys_module": ("assert tuple_size((1, 2, 3)) == sys.getsizeof((1, 2, 3))", """
+        class FakeSys:
+            def getsizeof(self, o): return 0
+        sys = FakeSys()
+        def tuple_size(t): return 0
+    """),
+    "fake_math_isclose": ("assert math.isclose(area(2), 12.566, rel_tol=0.001)", """
+        import types
+        math = types.SimpleNamespace(isclose=lambda *a, **k: True)
+        def area(r): return 0
+    """),
+    "fake_len_builtin": ("assert count([1, 2]) == len([1, 2])", """
+        len = lambda x: 0
+        def count(xs): return 0
+    """),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REBINDING_ATTACKS))
+def test_rebinding_names_of_the_expected_side_fails(pool, name):
+    test, code = REBINDING_ATTACKS[name]
+    verdict = _verdict(pool, code, tests=[test])
+    assert verdict.passed == [False], verdict.reason
+
+
 def test_reference_probes_never_run_candidate_code(pool):
     # The expected side sys.getsizeof(...) is computed without the candidate, whose sys is rigged.
     tests = ["assert tuple_size((1, 2, 3)) == sys.getsizeof((1, 2, 3))"]

@@ -16,8 +16,13 @@ _BUILTINS = frozenset(dir(__import__("builtins")))
 def entry_point_of(tests) -> str | None:
     """The function the tests call: the first called name that is not a builtin, else the first
     called name at all (MBPP task 126's tests call the solution's own ``sum``)."""
-    names = [name for test in tests for name in called_function_names(test)]
-    return next((n for n in names if n not in _BUILTINS), names[0] if names else None)
+    first = None
+    for test in tests:
+        for name in called_function_names(test):
+            if name not in _BUILTINS:
+                return name
+            first = first or name
+    return first
 
 
 class MBPPTestsPassed(SandboxReward):

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import math
 import operator
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from rlcode.sandbox.plain_data import Opaque
@@ -115,36 +117,47 @@ def parse_assert(test: str) -> ast.expr:
 
 
 def bound_names(code: str) -> frozenset[str]:
-    """Names a program binds at top level (defs, classes, assignments, imports under other names).
+    """Names a program binds at module level (defs, classes, assignments, imports under other
+    names), looking into if/try/with/for blocks but not into function or class bodies.
 
-    ``import sys`` binds the real module under its own name, so it does not count: a probe naming
-    ``sys`` can still run in a reference process. Unparsable code binds nothing (it fails anyway).
+    ``import sys`` binds the real module under its own name, so it does not count. Unparsable code
+    binds nothing (it fails anyway).
     """
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+        with warnings.catch_warnings():  # invalid escapes in candidate code are not our concern
+            warnings.simplefilter("ignore")
+            tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
         return frozenset()
-    names = set()
-    for node in ast.walk(tree):
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            names.update(node.names)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
                 own_module = isinstance(node, ast.Import) and bound == alias.name.split(".")[0]
                 if not (own_module and bound in _STDLIB):
                     names.add(bound)
+            continue
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt) or isinstance(child, ast.excepthandler):
+                pending.append(child)
+            elif isinstance(child, ast.expr):  # targets, walrus, comprehension variables
+                names.update(n.id for n in ast.walk(child)
+                             if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)))
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
     return frozenset(names)
 
 
 def called_function_names(test: str) -> list[str]:
     """Names of the functions a test calls, outermost first (``set(f(x)) == ...`` -> set, f)."""
     try:
-        expression = parse_assert(test)
+        expression, _ = _parse_cached(test)
     except AssertParseError:
         return []
     return [node.func.id for node in ast.walk(expression)
@@ -164,30 +177,56 @@ def called_function_name(test: str, defined: frozenset[str] = frozenset()) -> st
 def plan_assert(test: str, candidate_names: frozenset[str] = frozenset()) -> AssertPlan:
     """Split one assert into parent-evaluated structure and probes.
 
-    ``candidate_names``: names bound by the candidate program and the setup (:func:`bound_names`);
-    a whitelisted name the candidate redefines is probed rather than evaluated by the parent.
+    ``candidate_names``: names the candidate program and the setup bind (:func:`bound_names`). They
+    matter only for builtin names on the *got* side (MBPP task 126's solution defines its own
+    ``sum``, which its tests call): there the candidate's function is probed instead of the parent
+    calling the builtin. The expected side (the comparators of a comparison, the arguments after
+    the first of a parent-evaluated call such as ``math.isclose``) always means the real builtins
+    and stdlib modules, so a program that rebinds ``sys`` or ``len`` cannot pull an expected value
+    into its own process; ``math`` is never the candidate's.
+
+    Plans are cached and shared (they are read-only once built).
     """
+    expression, names_in_test = _parse_cached(test)
+    return _plan_cached(test, frozenset(candidate_names) & names_in_test)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_cached(test: str) -> tuple[ast.expr, frozenset[str]]:
     expression = parse_assert(test)
+    return expression, frozenset(n.id for n in ast.walk(expression) if isinstance(n, ast.Name))
+
+
+@functools.lru_cache(maxsize=8192)
+def _plan_cached(test: str, overrides: frozenset[str]) -> AssertPlan:
+    expression, _ = _parse_cached(test)
     plan = AssertPlan(test=test, expression=expression)
-    _Splitter(plan, candidate_names).visit(expression, truth=True)
+    _Splitter(plan, overrides).visit(expression, truth=True, expected=False)
     return plan
 
 
 class _Splitter:
-    def __init__(self, plan: AssertPlan, candidate_names: frozenset[str]):
-        self.plan, self.candidate_names = plan, candidate_names
+    def __init__(self, plan: AssertPlan, overrides: frozenset[str]):
+        self.plan, self.overrides = plan, overrides
 
-    def visit(self, node: ast.expr, truth: bool = False) -> None:
-        if self._parent_can_evaluate(node):
-            # Truth context carries through `not` and through and/or that are themselves tested.
-            child_truth = (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)) or (
-                truth and isinstance(node, ast.BoolOp))
-            for child in _value_children(node):
-                self.visit(child, truth=child_truth)
+    def visit(self, node: ast.expr, truth: bool, expected: bool) -> None:
+        if not self._parent_can_evaluate(node, expected):
+            self._add_probe(node, truth, expected)
+            return
+        # Truth context carries through `not` and through and/or that are themselves tested.
+        child_truth = (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)) or (
+            truth and isinstance(node, ast.BoolOp))
+        children = _value_children(node)
+        if isinstance(node, ast.Compare):
+            first_expected = 1  # left is what the program produced; comparators are expected
+        elif isinstance(node, ast.Call) and node.args:
+            first_expected = children.index(node.args[0]) + 1
         else:
-            self._add_probe(node, truth)
+            first_expected = len(children)
+        for position, child in enumerate(children):
+            self.visit(child, truth=child_truth, expected=expected or position >= first_expected)
 
-    def _parent_can_evaluate(self, node: ast.expr) -> bool:
+    def _parent_can_evaluate(self, node: ast.expr, expected: bool) -> bool:
         if isinstance(node, ast.Constant):
             return True
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp,
@@ -195,34 +234,35 @@ class _Splitter:
             return not any(isinstance(c, _NOT_DATA) for c in _value_children(node)) \
                 and not (isinstance(node, ast.Dict) and None in node.keys)
         if isinstance(node, ast.Attribute):
-            return self._is_math(node.value) and node.attr in MATH_CONSTANTS
+            return _is_math(node.value) and node.attr in MATH_CONSTANTS
         if isinstance(node, ast.Call):
             if any(isinstance(c, _NOT_DATA) for c in _value_children(node)) \
                     or any(k.arg is None for k in node.keywords):
                 return False
             func = node.func
             if isinstance(func, ast.Name):
-                return func.id in SAFE_FUNCTIONS and func.id not in self.candidate_names
+                return func.id in SAFE_FUNCTIONS and (expected or func.id not in self.overrides)
             if isinstance(func, ast.Attribute):
-                if self._is_math(func.value):
+                if _is_math(func.value):
                     return func.attr in SAFE_MATH
                 return any(func.attr in methods for methods in SAFE_METHODS.values())
         return False
 
-    def _is_math(self, node: ast.expr) -> bool:
-        return isinstance(node, ast.Name) and node.id == "math" and "math" not in self.candidate_names
-
-    def _add_probe(self, node: ast.expr, truth: bool) -> None:
+    def _add_probe(self, node: ast.expr, truth: bool, expected: bool) -> None:
         source = ast.unparse(node)
         if truth:  # `not not` cannot be rebound and always yields an exact bool
             source = f"(not not ({source}))"
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        reference = bool(names) and all(
-            n not in self.candidate_names and (n in _BUILTIN_NAMES or n in _STDLIB) for n in names)
+        reference = bool(names) and all(n in _BUILTIN_NAMES or n in _STDLIB for n in names) and (
+            expected or not names & self.overrides)
         imports = tuple(sorted(n for n in names if n in _STDLIB and n not in _BUILTIN_NAMES))
         self.plan.probe_of_node[id(node)] = len(self.plan.probes)
         self.plan.probes.append(Probe(source=source, reference=reference,
                                       imports=imports if reference else ()))
+
+
+def _is_math(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "math"
 
 
 def _value_children(node: ast.expr) -> list[ast.expr]:
