@@ -27,6 +27,8 @@ PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 EXIT_CONFINE_FAILED = 125
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 
 # Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
 _dumps = plain_data.dumps
@@ -92,10 +94,22 @@ def _clear_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+def _mount_own_proc() -> None:
+    """As init of a fresh PID namespace, mount a /proc that shows that namespace: os.getpid() and
+    /proc agree, and the worker and everything outside are invisible. Best effort (fidelity, not
+    containment): a private mount namespace first, so nothing propagates back."""
+    if os.getpid() != 1 or os.geteuid() != 0:
+        return
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        return
+    if _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) == 0:
+        _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
+
+
 def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_program) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker's death is ours too
+    _mount_own_proc()
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(env)
@@ -108,6 +122,9 @@ def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_pr
         if os.getuid() != SANDBOX_UID or os.geteuid() != SANDBOX_UID:
             raise OSError("uid drop did not take effect")
         _clear_capabilities()
+    # The worker's death is ours too (and, as PID-namespace init, our descendants'). Set after the
+    # uid change, which clears the parent-death signal.
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
     if seccomp_program is not None:
         seccomp_program.load()

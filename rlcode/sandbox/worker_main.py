@@ -115,6 +115,8 @@ class Worker:
             with open(config["seccomp_bpf_path"], "rb") as f:
                 self.seccomp = child_harness.SeccompProgram(f.read())
         _libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+        if config.get("parent_pid") and os.getppid() != config["parent_pid"]:
+            sys.exit(1)  # the parent died before the line above took effect
         self.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) == 0
         self.own_pidns = None
         if config.get("pid_namespace", True):

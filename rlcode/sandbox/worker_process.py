@@ -37,7 +37,10 @@ class WorkerProcess:
                 env=launch.env, start_new_session=True, close_fds=True, bufsize=0, cwd="/")
         except OSError as e:
             raise WorkerFailure(f"could not start the worker ({launch.argv[0]}): {e}") from None
-        self._send(launch.config)
+        config = dict(launch.config)
+        if launch.level == "process":  # inside bwrap our pid is invisible; --die-with-parent covers it
+            config["parent_pid"] = os.getpid()
+        self._send(config)
         hello = self._read_message(time.monotonic() + startup_timeout)
         if hello.get("op") != "hello":
             self.close()

@@ -1,0 +1,296 @@
+"""Containment: what a hostile program must not be able to do, at the bwrap and process levels."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rlcode.sandbox import SandboxPool, Status
+
+REPO = Path(__file__).resolve().parents[1]
+LEVELS = ["bwrap", "process"]
+SECRETS = {"WANDB_API_KEY": "wandb-secret-1f3a", "OPENAI_API_KEY": "sk-secret-9c2e", "HF_TOKEN": "hf_secret_77d1"}
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def pool(request):
+    old = {k: os.environ.get(k) for k in SECRETS}
+    os.environ.update(SECRETS)  # the trainer has secrets; the sandbox must not
+    try:
+        with SandboxPool(workers=2, timeout=5.0, isolation=request.param) as p:
+            yield p
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run(pool, code: str, **kwargs):
+    return pool.submit(textwrap.dedent(code), **kwargs).result()
+
+
+def _sandbox_descendants() -> list[psutil.Process]:
+    """Our descendants running as the sandbox user (children and their offspring)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.uids().real == 65534 and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _with_marker(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in (process.info["cmdline"] or []) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _eventually_none(find, seconds: float = 5.0) -> list:
+    deadline = time.monotonic() + seconds
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def _escaping_sleeper(marker: str, then: str) -> str:
+    """A program that starts a sleeper in a new session (double fork), proves it runs, then `then`."""
+    return textwrap.dedent(f"""
+        import os, time
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.execv("/bin/sleep", ["sleep", "{marker}"])
+            os.write(w, str(pid).encode())
+            os._exit(0)
+        os.close(w)
+        pid = int(os.read(r, 100))
+        for _ in range(200):
+            try:
+                if b"{marker}" in open(f"/proc/{{pid}}/cmdline", "rb").read():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        print("spawned", flush=True)
+        {then}
+    """)
+
+
+def test_no_network(pool):
+    result = _run(pool, """
+        import socket
+        for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM),
+                             (socket.AF_PACKET, socket.SOCK_RAW), (socket.AF_NETLINK, socket.SOCK_RAW)]:
+            try:
+                s = socket.socket(family, kind)
+            except OSError as e:
+                print("denied", family)
+                continue
+            s.connect(("127.0.0.1", 80))
+        a, b = socket.socketpair()  # AF_UNIX keeps working
+        a.sendall(b"ping"); print(b.recv(4))
+    """)
+    assert result.stdout.count("denied") == 4, result
+    assert "b'ping'" in result.stdout and result.status is Status.OK
+
+
+def test_secrets_absent_from_environment(pool):
+    result = _run(pool, """
+        import os
+        print(sorted(os.environ))
+        for pid in os.listdir("/proc"):
+            try:
+                print(open(f"/proc/{pid}/environ", "rb").read())
+            except OSError:
+                pass
+    """)
+    assert result.status is Status.OK
+    for name, value in SECRETS.items():
+        assert name not in result.stdout and value not in result.stdout
+    assert "'HOME'" in result.stdout and "'PATH'" in result.stdout
+
+
+def test_seccomp_and_uid(pool):
+    result = _run(pool, """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("unshare", libc.unshare(0x10000000))             # CLONE_NEWUSER
+        print("ptrace", libc.ptrace(0, 0, None, None))           # PTRACE_TRACEME
+        print("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+        try:
+            os.setuid(0)
+        except PermissionError:
+            print("setuid denied")
+        print("uid", os.getuid(), os.geteuid())
+    """)
+    assert "unshare -1" in result.stdout and "ptrace -1" in result.stdout and "mount -1" in result.stdout
+    assert "setuid denied" in result.stdout and "uid 65534 65534" in result.stdout
+
+
+def test_filesystem(pool):
+    result = _run(pool, f"""
+        import os
+        def attempt(label, action):
+            try:
+                action()
+                print(label, "ALLOWED")
+            except OSError:
+                print(label, "denied")
+        attempt("read-root", lambda: open("/root/.bashrc").read())
+        attempt("read-cache", lambda: os.listdir("/root/.cache"))
+        attempt("write-usr", lambda: open("/usr/pwned", "w"))
+        attempt("write-project", lambda: open("{REPO}/pwned", "w"))
+        attempt("write-prefix", lambda: open(os.path.join(os.path.dirname(os.__file__), "pwned.py"), "w"))
+        open("mine.txt", "w").write("fine")  # the private temp dir is ours
+        print("cwd", os.getcwd(), open("mine.txt").read())
+    """)
+    assert "ALLOWED" not in result.stdout, result.stdout
+    assert "fine" in result.stdout and result.status is Status.OK
+    if pool.isolation.level == "bwrap":
+        hidden = _run(pool, f"""
+            import os
+            for path in ["{REPO}", "/work", "/home", "/root/.bashrc", "/etc/passwd", "/sandbox-worker/worker_main.py"]:
+                try:
+                    open(path) if os.path.isfile(path) else os.listdir(path)
+                    print(path, "VISIBLE")
+                except OSError:
+                    print(path, "hidden")
+            try:
+                open("/tmp/outside-my-dir", "w")
+                print("tmp ALLOWED")
+            except OSError:
+                print("tmp denied")
+        """)
+        assert "VISIBLE" not in hidden.stdout and "ALLOWED" not in hidden.stdout, hidden.stdout
+
+
+def test_temp_dir_is_private_and_deleted(pool):
+    first = _run(pool, "import os; open('left.txt', 'w').write('x'); print(os.getcwd())")
+    second = _run(pool, f"import os; print(os.path.exists({first.stdout.strip()!r}))")
+    assert second.stdout.strip() == "False"
+
+
+def test_fork_bomb_is_contained(pool):
+    result = _run(pool, """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """, timeout=2)
+    assert result.status is Status.TIMEOUT
+    assert _eventually_none(_sandbox_descendants) == []
+    assert _run(pool, "print('alive')").stdout == "alive\n"
+
+
+def test_memory_bomb(pool):
+    result = _run(pool, "chunks = []\nwhile True:\n    chunks.append(bytearray(10 << 20))")
+    assert result.status is Status.MEMORY and result.error_type == "MemoryError"
+
+
+def test_output_flood_is_capped_without_memory_growth(pool):
+    me = psutil.Process()
+    before = me.memory_info().rss
+    result = _run(pool, """
+        import os, sys
+        junk = b"x" * 65536
+        while True:
+            sys.stdout.buffer.write(junk); sys.stderr.buffer.write(junk); os.write(3, b'{"i":0,"v":1}\\n' * 4096)
+    """, timeout=2)
+    assert result.status is Status.TIMEOUT
+    assert result.stdout_truncated and result.stderr_truncated and result.probe_lines_truncated
+    assert len(result.stdout) == 65536 and result.stdout_bytes > 10 * 65536
+    assert me.memory_info().rss - before < 64 << 20
+    for process in psutil.Process().children(recursive=True):
+        assert process.memory_info().rss < 256 << 20  # the workers did not buffer the flood
+
+
+def test_escaped_sleeper_killed_at_exit(pool):
+    marker = f"{random.randint(10**6, 10**7)}.25"
+    result = _run(pool, _escaping_sleeper(marker, "time.sleep(0.1)"))
+    assert result.status is Status.OK and result.stdout == "spawned\n"
+    assert _eventually_none(lambda: _with_marker(marker)) == []
+
+
+def test_escaped_sleeper_killed_at_timeout(pool):
+    marker = f"{random.randint(10**6, 10**7)}.5"
+    result = _run(pool, _escaping_sleeper(marker, "time.sleep(60)"), timeout=1.5)
+    assert result.status is Status.TIMEOUT and result.stdout == "spawned\n"
+    assert _eventually_none(lambda: _with_marker(marker)) == []
+
+
+def test_escaped_sleeper_killed_without_pid_namespace():
+    """The subreaper fallback (where per-execution PID namespaces are unavailable)."""
+    with SandboxPool(workers=1, isolation="process") as pool:
+        pool._launch.config["pid_namespace"] = False  # workers start lazily, with this config
+        marker = f"{random.randint(10**6, 10**7)}.75"
+        result = _run(pool, _escaping_sleeper(marker, "pass"))
+        assert result.stdout == "spawned\n"
+        assert _eventually_none(lambda: _with_marker(marker)) == []
+        result = _run(pool, _escaping_sleeper(marker, "time.sleep(60)"), timeout=1.5)
+        assert result.status is Status.TIMEOUT and result.stdout == "spawned\n"
+        assert _eventually_none(lambda: _with_marker(marker)) == []
+
+
+PARENT_SCRIPT = """
+import sys, time
+from rlcode.sandbox import SandboxPool
+pool = SandboxPool(workers=2, timeout=120, isolation=sys.argv[1])
+for _ in range(2):
+    pool.submit(sys.argv[2])
+print("submitted", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_parent_sigkill_leaves_nothing(level):
+    marker = f"{random.randint(10**6, 10**7)}.125"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, level,
+                               _escaping_sleeper(marker, "time.sleep(120)")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_with_marker(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_with_marker(marker)) == 2, "the sleepers never started"
+        tree = psutil.Process(parent.pid).children(recursive=True)
+        assert tree
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+    finally:
+        parent.kill()
+    assert _eventually_none(lambda: _with_marker(marker), 10) == []
+
+    def survivors():
+        alive = []
+        for process in tree:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+    assert _eventually_none(survivors, 10) == []
