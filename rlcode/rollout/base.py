@@ -56,10 +56,13 @@ class SamplingParams:
 class RolloutBatch:
     """Completions and everything the loss needs, N = prompts x generations rows.
 
+    All tensors are on the model's device.
+
     Attributes:
         prompt_ids: [N, P] left-padded prompt token ids.
         prompt_mask: [N, P] 1 on prompt tokens, 0 on left padding.
         completion_ids: [N, T] right-padded completion ids; pad after the last kept token.
+            T <= max_new_tokens: columns that are padding in every row are dropped.
         completion_mask: [N, T] 1 up to and including EOS (or the token completing a stop string).
         completion_texts: N decoded completions, without special tokens, cut after a stop string.
         truncated: [N] bool, True when the row hit max_new_tokens without EOS or a stop string.

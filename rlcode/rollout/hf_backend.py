@@ -9,12 +9,23 @@ ones run on a smaller batch, encodes each distinct prompt once and copies its ca
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.sampling import next_tokens
 from rlcode.rollout.stop_strings import StopStringMatcher
+
+
+@dataclass
+class _Decoded:
+    """What the sampling loop produced, before masks and texts are derived from it."""
+
+    completion_ids: torch.Tensor  # [N, max_new_tokens], pad where nothing was generated
+    lengths: torch.Tensor  # [N] kept tokens per row (CPU)
+    ended: torch.Tensor  # [N] EOS or a stop string seen (CPU)
+    stopped_by_string: torch.Tensor  # [N] (CPU)
 
 
 class HFGenerateBackend:
@@ -66,40 +77,42 @@ class HFGenerateBackend:
         encoded = self.tokenizer(
             prompts, padding=True, return_tensors="pt", add_special_tokens=self.add_special_tokens
         ).to(device)
-        prompt_ids = encoded["input_ids"].repeat_interleave(group, dim=0)  # [N, P]
-        prompt_mask = encoded["attention_mask"].repeat_interleave(group, dim=0)  # [N, P]
-        rows, limit = prompt_ids.shape[0], params.max_new_tokens
+        decoded = self._decode(encoded["input_ids"], encoded["attention_mask"], group, params)
+        return self._assemble(encoded, group, decoded, StopStringMatcher(self.tokenizer, params.stop))
+
+    def _decode(self, input_ids, attention_mask, group: int, params: SamplingParams) -> _Decoded:
+        """The sampling loop: one token per live row per step until every row has ended."""
+        device, rows, limit = input_ids.device, input_ids.shape[0] * group, params.max_new_tokens
         generator = _generator(params.seed, device)
         eos = torch.tensor(self.eos_token_ids, device=device)
         stop = StopStringMatcher(self.tokenizer, params.stop)
+        result = _Decoded(
+            completion_ids=torch.full((rows, limit), self.tokenizer.pad_token_id, dtype=torch.long, device=device),
+            lengths=torch.full((rows,), limit, dtype=torch.long),
+            ended=torch.zeros(rows, dtype=torch.bool),
+            stopped_by_string=torch.zeros(rows, dtype=torch.bool),
+        )
+        generated: list[list[int]] = [[] for _ in range(rows)]  # python copies, for stop strings only
 
-        completion_ids = torch.full((rows, limit), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
-        lengths = torch.full((rows,), limit, dtype=torch.long)
-        ended = torch.zeros(rows, dtype=torch.bool)  # EOS or stop string seen
-        stopped_by_string = torch.zeros(rows, dtype=torch.bool)
-        generated: list[list[int]] = [[] for _ in range(rows)]
-
-        logits, cache, positions = self._prefill(encoded["input_ids"], encoded["attention_mask"], group)
-        attention_mask = prompt_mask.clone()
+        logits, cache, positions = self._prefill(input_ids, attention_mask, group)
+        attention_mask = attention_mask.repeat_interleave(group, dim=0)
         active = torch.arange(rows, device=device)  # original row index of each live batch row
         for step in range(limit):
             tokens = next_tokens(logits, params.temperature, params.top_k, params.top_p, generator)  # [B]
-            completion_ids[active, step] = tokens
+            result.completion_ids[active, step] = tokens
             finished = torch.isin(tokens, eos)
             if stop:
                 for position, (row, token) in enumerate(zip(active.tolist(), tokens.tolist())):
                     generated[row].append(token)
                     if not finished[position] and stop.ends_with_stop(generated[row]):
                         finished[position] = True
-                        stopped_by_string[row] = True
+                        result.stopped_by_string[row] = True
             if finished.any():
                 done = active[finished].cpu()
-                lengths[done] = step + 1
-                ended[done] = True
-            if step == limit - 1:
-                break
+                result.lengths[done] = step + 1
+                result.ended[done] = True
             keep = ~finished
-            if not keep.any():
+            if step == limit - 1 or not keep.any():
                 break
             if not keep.all():
                 # Finished rows leave the batch: the rest decode on a smaller, cheaper batch.
@@ -109,42 +122,39 @@ class HFGenerateBackend:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             positions = positions + 1
             logits = self._decode_step(tokens, attention_mask, positions, cache)
+        return result
 
-        steps = torch.arange(limit).unsqueeze(0)
-        completion_mask = (steps < lengths.unsqueeze(1)).to(device=device, dtype=torch.long)  # [N, T]
-        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
-        width = int(lengths.max())  # drop columns that are padding in every row
-        completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
+    def _assemble(self, encoded, group: int, decoded: _Decoded, stop: StopStringMatcher) -> RolloutBatch:
+        device = decoded.completion_ids.device
+        width = int(decoded.lengths.max())  # drop columns that are padding in every row
+        steps = torch.arange(width).unsqueeze(0)
+        completion_mask = (steps < decoded.lengths.unsqueeze(1)).to(device=device, dtype=torch.long)  # [N, T]
+        completion_ids = decoded.completion_ids[:, :width].masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(
-            [ids[:length] for ids, length in zip(completion_ids.tolist(), lengths.tolist())],
+            [ids[:length] for ids, length in zip(completion_ids.tolist(), decoded.lengths.tolist())],
             skip_special_tokens=True,
         )
-        texts = [stop.cut(text) if hit else text for text, hit in zip(texts, stopped_by_string.tolist())]
+        texts = [stop.cut(text) if hit else text for text, hit in zip(texts, decoded.stopped_by_string.tolist())]
         return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
+            prompt_ids=encoded["input_ids"].repeat_interleave(group, dim=0),
+            prompt_mask=encoded["attention_mask"].repeat_interleave(group, dim=0),
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             completion_texts=texts,
-            truncated=~ended,
+            truncated=(~decoded.ended).to(device),
             num_generated_tokens=int(completion_mask.sum()),
         )
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int):
         """Encode each distinct prompt once, then copy its logits and cache `group` times."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
         positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # left padding: count real tokens
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = output.past_key_values
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+        try:
+            # Only the last position's logits are needed: skips a [U, P, V] projection.
+            output = self.model(**inputs, logits_to_keep=1)
+        except TypeError:  # custom (remote-code) models without the argument
+            output = self.model(**inputs)
+        cache = output.past_key_values  # the model builds the cache type its layers need
         if group > 1:
             cache.batch_repeat_interleave(group)
         logits = output.logits[:, -1, :].repeat_interleave(group, dim=0)  # [N, V]
