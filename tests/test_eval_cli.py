@@ -1,0 +1,163 @@
+"""pass@k against hand-computed values, and the rlcode-eval command end to end (as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from rlcode.eval.passk import mean_pass_at_k, pass_at_k
+
+FENCE = "```"
+
+
+# -- pass@k ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (1, 1, 1, 1.0),
+    (1, 0, 1, 0.0),
+    (10, 3, 1, 0.3),                                  # pass@1 = c / n
+    (5, 2, 2, 1 - Fraction(3, 10)),                   # 1 - C(3,2)/C(5,2)
+    (4, 1, 2, 0.5),                                   # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (20, 5, 10, 1 - Fraction(3003, 184756)),          # 1 - C(15,10)/C(20,10)
+    (10, 3, 8, 1.0),                                  # n - c < k: every draw holds a correct one
+    (200, 0, 100, 0.0),
+])
+def test_pass_at_k_hand_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(float(expected), abs=1e-12)
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    # C(1000, 500) overflows floats; the product form does not.
+    assert pass_at_k(1000, 1, 500) == pytest.approx(0.5)
+
+
+def test_pass_at_k_rejects_bad_counts():
+    for n, c, k in ((3, 4, 1), (3, 1, 0), (3, 1, 4)):
+        with pytest.raises(ValueError):
+            pass_at_k(n, c, k)
+
+
+def test_mean_pass_at_k_leaves_out_tasks_with_too_few_samples():
+    counts = {"a": (1, 1), "b": (10, 0), "c": (10, 5)}
+    result = mean_pass_at_k(counts, [1, 10, 20])
+    assert result["pass@1"] == pytest.approx((1.0 + 0.0 + 0.5) / 3)
+    assert result["pass@10"] == pytest.approx((0.0 + 1.0) / 2)  # task "a" has n = 1 < 10
+    assert "pass@20" not in result
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+TASKS = [  # synthetic tasks in the test split (ids 11-510)
+    {"task_id": 11, "text": "Add.", "code": "def add(a, b):\n    return a + b",
+     "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 12, "text": "Double.", "code": "def double(x):\n    return 2 * x",
+     "test_list": ["assert double(2) == 4", "assert double(0) == 0", "assert double(-3) == -6"],
+     "test_setup_code": "", "challenge_test_list": []},
+]
+
+
+def _run(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlcode.eval.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    path = tmp_path / "mbpp.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    return path
+
+
+def _samples(tmp_path, rows, name="samples.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_results_file_and_summary(tmp_path, dataset):
+    rows = [
+        {"task_id": 11, "completion": f"Sure:\n{FENCE}python\ndef add(a, b):\n    return a + b\n{FENCE}",
+         "model": "m"},
+        {"task_id": 11, "completion": "def add(a, b):\n    return a - b"},
+        {"task_id": 12, "completion": [{"role": "assistant", "content": "def double(x): return x + x"}]},
+        {"task_id": "Mbpp/12", "completion": "import sys\ndef double(x): return 4\nsys.exit(0)"},
+        {"task_id": 12, "completion": "def double(x) return x"},
+    ]
+    samples = _samples(tmp_path, rows)
+    proc = _run(samples, "--dataset", dataset, "--k", "1,2,5", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    # task 11: n=2, c=1; task 12: n=3, c=1. pass@5 is left out (no task has 5 samples).
+    assert summary == {"pass@1": pytest.approx((1 / 2 + 1 / 3) / 2),
+                       "pass@2": pytest.approx((1.0 + (1 - 1 / 3)) / 2),
+                       "tasks": 2, "samples": 5, "passed": 2}
+    results = [json.loads(line) for line in (tmp_path / "samples_results.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in results] == [11, 11, 12, "Mbpp/12", 12]
+    assert [r["passed"] for r in results] == [True, False, True, False, False]
+    assert results[0]["model"] == "m" and results[0]["result"] == "passed"
+    assert results[1]["result"] == "assert 1 failed: got -1, expected 3"
+    assert results[3]["result"] == "exited before tests ran"
+    assert results[4]["result"] == "syntax_error"
+
+
+def test_zero_pass_rate_still_exits_zero(tmp_path, dataset):
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": "pass"}])
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"pass@1": 0.0, "tasks": 1, "samples": 1, "passed": 0}
+
+
+def test_missing_file(tmp_path, dataset):
+    proc = _run(tmp_path / "absent.jsonl", "--dataset", dataset)
+    assert proc.returncode != 0 and "no such file" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_task_id_names_the_line(tmp_path, dataset):
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": ""}, {"task_id": 999, "completion": ""}])
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode != 0
+    assert "samples.jsonl:2: unknown task_id 999" in proc.stderr
+    assert not (tmp_path / "samples_results.jsonl").exists()
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json", "malformed JSON line"),
+    ('{"task_id": 11}', 'each line needs "task_id" and "completion"'),
+    ('{"task_id": [1], "completion": ""}', "task_id must be an MBPP task number"),
+])
+def test_malformed_line_names_the_line(tmp_path, dataset, bad_line, message):
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": 11, "completion": ""}) + "\n\n" + bad_line + "\n")
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode != 0 and f"s.jsonl:3: {message}" in proc.stderr
+
+
+def test_bad_k_and_missing_dataset(tmp_path, dataset):
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": ""}])
+    assert "--k takes" in _run(samples, "--dataset", dataset, "--k", "0").stderr
+    proc = _run(samples, "--dataset", tmp_path / "nowhere.jsonl")
+    assert proc.returncode != 0 and "MBPP_DATASET_PATH" in proc.stderr
+
+
+def test_doctor_prints_the_isolation_report():
+    proc = _run("--doctor")
+    assert proc.returncode == 0 and proc.stdout.startswith("sandbox isolation:")
+
+
+def test_help_states_the_timeout_policy():
+    proc = _run("--help")
+    assert proc.returncode == 0 and "task 123" in proc.stdout and "default 10" in proc.stdout
+
+
+def test_cli_imports_no_heavy_packages():
+    code = ("import sys; from rlcode.eval import cli; from rlcode.sandbox import verdict; "
+            "import rlcode.rewards; import rlcode.data.mbpp; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
