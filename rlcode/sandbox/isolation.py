@@ -118,6 +118,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "subreaper": bool(worker.get("subreaper")),
         "uid_65534": real_uid_drop or level == "bwrap-userns",
         "rlimits": True,
+        "python_prefix_readable": bool(worker.get("prefix_reachable", True)),
         "env_scrubbed": True,
         "dies_with_parent": True,
     }
@@ -132,6 +133,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         else ("uid 65534 inside the user namespace only" if level == "bwrap-userns"
               else "not root: the child keeps your uid; RLIMIT_NPROC counts all your processes"),
         "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, NPROC, CORE=0",
+        "python_prefix_readable": "" if worker.get("prefix_reachable", True) else
+        "uid 65534 cannot enter the python prefix: only modules the worker pre-imported will import",
     }
     if failures:
         notes["fallback"] = "; ".join(failures)

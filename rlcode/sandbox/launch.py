@@ -91,6 +91,7 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
         "max_output_bytes": limits.max_output_bytes, "max_values_bytes": limits.max_values_bytes,
         "tmp_root": tmp_root, "in_bwrap": level != "process",
         "seccomp_bpf_path": os.path.join(worker_dir, SECCOMP_FILE) if has_seccomp else None,
+        "python_prefix": prefix if level == "process" else None,  # bwrap binds it reachable itself
     }
     return WorkerLaunch(level=level, argv=argv, env=dict(env), config=config)
 
@@ -116,7 +117,7 @@ def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[st
             args += _parents_0755(path) + ["--ro-bind", path, path]
     args += ["--ro-bind", staging, WORKER_DIR_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc",
              "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-             "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
+             "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
              "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]

@@ -21,12 +21,15 @@ import time
 
 # Pre-imported so candidate programs find them loaded (fork shares them copy-on-write for free).
 PREIMPORTS = (
-    "abc array ast base64 bisect binascii calendar cmath collections collections.abc contextlib copy "
-    "csv dataclasses datetime decimal difflib enum fractions functools hashlib heapq io itertools "
-    "json math numbers operator pathlib pickle pprint queue random re statistics string struct "
-    "textwrap threading typing unicodedata unittest zlib sqlite3 multiprocessing multiprocessing.pool "
-    "subprocess shutil tempfile glob fnmatch uuid weakref warnings secrets gzip bz2 lzma html "
-    "inspect traceback atexit"
+    "abc argparse array ast base64 bisect binascii calendar cmath codecs collections collections.abc "
+    "concurrent.futures concurrent.futures.thread concurrent.futures.process contextlib copy csv ctypes "
+    "dataclasses datetime decimal difflib email.utils enum errno fnmatch fractions functools getopt glob "
+    "gzip hashlib heapq hmac html io ipaddress itertools json locale logging lzma math mmap numbers "
+    "operator pathlib pickle platform pprint queue random re select selectors shlex signal socket "
+    "statistics string struct subprocess sqlite3 tempfile textwrap threading time timeit traceback "
+    "types typing unicodedata unittest urllib.parse uuid warnings weakref zlib bz2 multiprocessing "
+    "multiprocessing.pool multiprocessing.queues multiprocessing.synchronize multiprocessing.managers "
+    "secrets shutil inspect atexit xml.etree.ElementTree encodings.idna encodings.latin_1 encodings.ascii"
 ).split()
 for _name in PREIMPORTS:
     try:
@@ -42,6 +45,7 @@ CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -118,6 +122,9 @@ class Worker:
         if config.get("parent_pid") and os.getppid() != config["parent_pid"]:
             sys.exit(1)  # the parent died before the line above took effect
         self.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) == 0
+        self.prefix_reachable = True
+        if config.get("python_prefix") and self.is_root:
+            self.prefix_reachable = _expose_to_sandbox_user(config["python_prefix"])
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
@@ -151,7 +158,7 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
-                "seccomp": self.seccomp is not None, "subreaper": self.subreaper, "rlimits": True,
+                "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
 
     def serve(self) -> None:
@@ -304,6 +311,34 @@ class Worker:
             _reap_all()
             time.sleep(0.001)
         _reap_all()
+
+
+def _expose_to_sandbox_user(path: str) -> bool:
+    """Without bwrap, a root worker's children drop to uid 65534, which cannot enter a python
+    prefix under a 0700 directory (pyenv in /root): only modules imported before the fork would
+    work. So in a private mount namespace of the worker (inherited by its children), cover that
+    directory with an empty 0755 tmpfs (hiding the rest of it) and bind the prefix back, read-only."""
+    parts = path.rstrip("/").split("/")
+    ancestors = ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
+    blocked = [a for a in ancestors if not os.stat(a).st_mode & 0o001]
+    if not blocked:
+        return True
+    if blocked[0] == path or _libc.unshare(child_harness.CLONE_NEWNS) != 0:
+        return False
+    private = child_harness.MS_REC | child_harness.MS_PRIVATE
+    if _libc.mount(None, b"/", None, ctypes.c_ulong(private), None) != 0:
+        return False
+    keep = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    flags = child_harness.MS_NOSUID | child_harness.MS_NODEV
+    if _libc.mount(b"tmpfs", blocked[0].encode(), b"tmpfs", ctypes.c_ulong(flags), b"mode=0755,size=1m") != 0:
+        return False
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    source = f"/proc/self/fd/{keep}".encode()
+    if _libc.mount(source, path.encode(), None, ctypes.c_ulong(MS_BIND | child_harness.MS_REC), None) != 0:
+        return False
+    _libc.mount(None, path.encode(), None, ctypes.c_ulong(MS_BIND | MS_REMOUNT | MS_RDONLY | flags), None)
+    os.close(keep)
+    return True
 
 
 def _result(wait_status, reason, out, err, values, duration) -> dict:
