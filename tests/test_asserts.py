@@ -66,6 +66,17 @@ def test_probes_without_candidate_names_run_in_reference():
     assert evaluate_plan(plan, [56, 56]).passed and not evaluate_plan(plan, [48, 56]).passed
 
 
+def test_expected_side_ignores_rebound_names():
+    # The program binds sys, math and len: on the expected side they still mean the real ones.
+    names = frozenset({"sys", "math", "len", "size"})
+    plan = plan_assert("assert size((1,)) == sys.getsizeof((1,))", names)
+    assert [p.reference for p in plan.probes] == [False, True]
+    plan = plan_assert("assert math.isclose(size(2), 3.0)", names)
+    assert _sources(plan) == ["size(2)"]
+    plan = plan_assert("assert size([1]) == len([1])", names)
+    assert _sources(plan) == ["size([1])"]
+
+
 def test_redefined_whitelisted_name_is_probed():
     # MBPP task 126 defines its own `sum`: the parent must not call the builtin in its place.
     plan = plan_assert("assert sum(10, 15) == 6", frozenset({"sum"}))
@@ -91,11 +102,16 @@ def test_parent_refuses_huge_arithmetic():
     assert "too large" in evaluate_plan(plan, [10**12]).detail
     plan = plan_assert("assert 10 ** f(1) == 1", frozenset({"f"}))
     assert "too large" in evaluate_plan(plan, [10**9]).detail
+    plan = plan_assert("assert bytes(f(1)) == b''", frozenset({"f"}))
+    assert "too large" in evaluate_plan(plan, [10**12]).detail
+    plan = plan_assert("assert f(1).replace('a', f(2)) == ''", frozenset({"f"}))
+    assert "too large" in evaluate_plan(plan, ["a" * 10**4, "b" * 10**4]).detail
 
 
 def test_bound_names():
-    code = "import sys\nimport os as o\nfrom re import sub\nclass A: pass\ndef f(): pass\nx, y = 1, 2"
-    assert bound_names(code) == {"o", "sub", "A", "f", "x", "y"}
+    code = ("import sys\nimport os as o\nfrom re import sub\nclass A:\n    inner = 1\n"
+            "def f():\n    local = 2\nx, y = 1, 2\nif x:\n    z = 3\ntry:\n    pass\nexcept E as err:\n    pass")
+    assert bound_names(code) == {"o", "sub", "A", "f", "x", "y", "z", "err"}
     assert bound_names("def (") == frozenset()
 
 

@@ -383,6 +383,12 @@ class _Evaluator:
             function, args = getattr(kind, func.attr), [target, *args]
         if function in (builtins.pow, math.pow) and len(args) >= 2:
             _check_size(ast.Pow(), args[0], args[1])
+        if function in (builtins.bytes, builtins.bytearray) and args and type(args[0]) is int \
+                and args[0] > _MAX_SIZE:
+            raise EvalFailure("error: result too large for the parent to evaluate")
+        if function is str.replace and len(args) >= 3 and isinstance(args[2], str) \
+                and len(args[0]) * max(1, len(args[2])) > _MAX_SIZE:
+            raise EvalFailure("error: result too large for the parent to evaluate")
         return self._apply(function, *args, **kwargs)
 
     def _apply(self, function, *args, **kwargs):
