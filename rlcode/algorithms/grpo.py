@@ -82,7 +82,8 @@ class GRPO(L.LightningModule):
             lora: train LoRA adapters instead of every weight; the adapter-free base is then the
                 reference policy of the KL term.
             rewards: reward function names from ``rlcode.rewards`` ("execution", "mbpp_tests",
-                "mbpp_tests_fraction"), summed with ``reward_weights``.
+                "mbpp_tests_fraction") or import paths "package.module:function" of TRL-style
+                functions, summed with ``reward_weights``.
             reward_weights: one weight per reward (None: all 1.0).
             reward_timeout: seconds each completion may run in the sandbox.
             sandbox_workers: sandbox worker processes (None: one per CPU core).

@@ -1,26 +1,47 @@
 """Reward functions by name, sharing one sandbox pool for the run.
 
-The pool's workers are long-lived processes: starting them once per run (not per step, not per
-reward function) is what makes scoring hundreds of completions a second possible. The caller
-closes the pool at teardown.
+A name is a registry entry of ``rlcode.rewards`` ("execution", "mbpp_tests", ...) or, for your own
+TRL-style function ``f(prompts, completions, **columns) -> list[float]``, an import path
+``package.module:function``. The pool's workers are long-lived processes: starting them once per
+run (not per step, not per reward function) is what makes scoring hundreds of completions a second
+possible. The caller closes the pool at teardown.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 
 def build_rewards(names: list[str], *, timeout: float, workers: int | None) -> tuple[list[Callable], Any]:
-    """(reward callables in ``names`` order, the sandbox pool they share)."""
+    """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one)."""
     from rlcode.rewards import REWARDS, build_reward
-    from rlcode.sandbox import SandboxPool
 
-    unknown = [name for name in names if name not in REWARDS]
+    unknown = [name for name in names if name not in REWARDS and ":" not in name]
     if unknown:  # before starting any worker process
-        raise ValueError(f"unknown reward {unknown[0]!r} in model.rewards: use names from {', '.join(REWARDS)}")
-    pool = SandboxPool(workers=workers, timeout=timeout)
+        raise ValueError(f"unknown reward {unknown[0]!r} in model.rewards: use names from {', '.join(REWARDS)} "
+                         "or an import path 'package.module:function'")
+    imported = {name: _import(name) for name in names if ":" in name}
+    pool = None
+    if any(name in REWARDS for name in names):
+        from rlcode.sandbox import SandboxPool
+
+        pool = SandboxPool(workers=workers, timeout=timeout)
     try:
-        return [build_reward(name, pool=pool, timeout=timeout) for name in names], pool
+        return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout)
+                for name in names], pool
     except Exception:
-        pool.close()
+        if pool is not None:
+            pool.close()
         raise
+
+
+def _import(path: str) -> Callable:
+    module_name, _, attribute = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"reward {path!r} cannot be imported ({error}): check the module path and name") from None
+    if not callable(function):
+        raise ValueError(f"reward {path!r} is not callable")
+    return function

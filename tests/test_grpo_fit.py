@@ -1,0 +1,128 @@
+"""`rlcode fit` end to end on the tiny random model with the real sandbox rewards (seconds each)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlcode.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+
+
+# The sandbox rewards give a random model's garbage the same score every time (all syntax errors):
+# groups with zero variance, advantages 0, no update. A length reward varies, so weights move.
+WITH_SIGNAL = ["--model.rewards", "[execution, 'test_grpo_fit:length_reward']"]
+
+
+def length_reward(prompts, completions, **columns) -> list[float]:
+    return [len(text) / 100.0 for text in completions]
+
+
+def fit(root: Path, *extra: str) -> Path:
+    main(["fit", *BASE, "--run.root_dir", str(root), *WITH_SIGNAL, *extra])
+    versions = sorted((root / "tiny").glob("version_*"))
+    assert versions, f"no run directory under {root}"
+    return versions[-1]
+
+
+def policy_weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def initial_weights() -> dict[str, torch.Tensor]:
+    from rlcode.models import load_model
+
+    return {f"policy.{k}": v for k, v in load_model("tiny-random").state_dict().items()}
+
+
+def rollout_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
+    run = fit(tmp_path)
+    for name in ("config.yaml", "metrics.csv", "rollouts.jsonl", "plots/training.png",
+                 "checkpoints/step-1.ckpt", "checkpoints/step-2.ckpt", "checkpoints/last.ckpt",
+                 "eval/step_0.json", "eval/step_2.json"):
+        assert (run / name).is_file(), name
+
+    with (run / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    columns = set(rows[0])
+    for name in ("reward/avg_batch_reward", "reward/execution", "reward/successful_predictions_count",
+                 "reward/frac_reward_zero_std", "completions/mean_length", "loss/clip_frac_region",
+                 "perf/tokens_per_s", "perf/rewards_s", "mbpp_eval/pass_rate", "mbpp_eval/problems_passed"):
+        assert name in columns, name
+    assert len([r for r in rows if r["reward/avg_batch_reward"]]) == 2
+
+    report = json.loads((run / "eval/step_2.json").read_text())
+    assert report["step"] == 2 and len(report["problems"]) == 2
+    assert {"task_id", "passed", "verdict", "completion"} <= set(report["problems"][0])
+
+    assert {row["step"] for row in rollout_rows(run)} == {0, 1}
+    out = capsys.readouterr().out
+    assert "rlcode fit finished: 2 optimizer steps" in out and str(run) in out
+
+    trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
+    assert any(not torch.equal(trained[k], start[k]) for k in start), "the optimizer never changed the weights"
+
+
+def test_dry_run_generates_and_scores_but_never_updates(tmp_path, capsys):
+    run = fit(tmp_path, "--model.dry_run", "true", "--eval.at_start", "false", "--eval.at_end", "false")
+    assert {row["step"] for row in rollout_rows(run)} == {0}  # no optimizer step: the step count stays 0
+    assert capsys.readouterr().out.count("(no update)") == 2  # yet it stopped after max_steps batches
+    trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
+    assert all(torch.equal(trained[k], start[k]) for k in start)
+
+
+def test_resume_from_last_continues_at_the_same_step_and_data_order(tmp_path):
+    quiet = ["--eval.at_start", "false", "--eval.at_end", "false"]
+    straight = fit(tmp_path / "straight", "--trainer.max_steps", "4", *quiet)
+    fit(tmp_path / "resumed", "--trainer.max_steps", "2", *quiet)
+    resumed = fit(tmp_path / "resumed", "--trainer.max_steps", "4", "--ckpt_path", "last", *quiet)
+
+    assert resumed.name == "version_0", "resuming must continue in the interrupted run's directory"
+    order = [(row["step"], row["task_id"]) for row in rollout_rows(straight)]
+    assert [(row["step"], row["task_id"]) for row in rollout_rows(resumed)] == order
+    assert [row["completion"] for row in rollout_rows(resumed)] == [row["completion"] for row in rollout_rows(straight)]
+    a, b = policy_weights(straight / "checkpoints/last.ckpt"), policy_weights(resumed / "checkpoints/last.ckpt")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, capsys):
+    from callbacks.metrics import GRPOMetrics
+
+    original = GRPOMetrics.on_train_batch_end
+
+    def signal_after_first_step(self, trainer, *args):
+        original(self, trainer, *args)
+        if trainer.global_step == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(GRPOMetrics, "on_train_batch_end", signal_after_first_step)
+    run = fit(tmp_path, "--trainer.max_steps", "5", "--checkpoint.every_n_train_steps", "0")
+    checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 1
+    assert not (run / "eval/step_1.json").exists()  # no final eval after an interruption
+    assert "stopped by SIGTERM: 1 optimizer steps" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is not None  # handlers restored, not left pointing at the run
+
+
+def test_zero_variance_groups_leave_the_weights_alone(tmp_path):
+    run = fit(tmp_path, "--model.rewards", "[execution]", "--eval.at_start", "false", "--eval.at_end", "false")
+    rows = rollout_rows(run)
+    assert {row["reward"] for row in rows} == {-0.5}  # every completion of the random model is a syntax error
+    trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
+    assert all(torch.equal(trained[k], start[k]) for k in start)
+
+
+def test_unknown_reward_is_a_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        fit(tmp_path, "--model.rewards", "[nope]")
