@@ -3,16 +3,18 @@
 A test such as ``assert sorted(f([3, 1])) == [1, 3]`` must never be decided by the candidate's
 process: the candidate could make ``==`` always hold, exit before the assert, or read the expected
 value. So the parent parses the assert with :mod:`ast` and evaluates everything it can itself with a
-small evaluator over plain data (constants, displays, arithmetic, comparisons, boolean logic, a
-whitelist of pure builtins and ``math`` functions, and pure methods of exact builtin types). Every
+small evaluator over plain data (``rlcode.sandbox.plain_eval``: constants, displays, arithmetic,
+comparisons, boolean logic, a whitelist of pure builtins and ``math`` functions, and pure methods
+of exact builtin types). Every
 maximal subexpression it cannot evaluate (``f([3, 1])`` above) becomes a :class:`Probe`: an
 expression a child evaluates and returns as plain data (see ``rlcode.sandbox.plain_data``). The
 parent substitutes the returned values and evaluates the assert; the expected side (``[1, 3]``)
 never leaves the parent.
 
-Probes that name nothing bound by the candidate program or the setup (MBPP's
-``sys.getsizeof((...))`` expected sides) are marked ``reference``: they run in a process that never
-ran candidate code, so no expected value enters a process running candidate code.
+Probes that name only builtins and stdlib modules (MBPP's ``sys.getsizeof((...))`` expected sides)
+are marked ``reference``: they run in a process that never ran candidate code, so no expected value
+enters a process running candidate code. On the expected side this holds even when the program
+rebinds ``sys`` or a builtin (see :func:`plan_assert`).
 
 Truth tests. ``assert f(x)`` and ``assert not f(x)`` have no expected side: the test *is* the
 truthiness of a candidate value, which for non-builtin types is the candidate's own ``__bool__``.
@@ -29,55 +31,26 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
-import math
-import operator
 import sys
 import warnings
 from dataclasses import dataclass, field
 
-from rlcode.sandbox.plain_data import Opaque
+from rlcode.sandbox.plain_eval import (MATH_CONSTANTS, MISSING, SAFE_FUNCTIONS, SAFE_MATH,
+                                      SAFE_METHODS, EvalFailure, Outcome, evaluate_plan)
 
-# Pure builtins the parent may call on plain data (arguments are plain values, never callables).
-SAFE_FUNCTIONS = {name: getattr(builtins, name) for name in (
-    "set", "frozenset", "sorted", "list", "tuple", "dict", "abs", "round", "len", "min", "max", "sum",
-    "str", "int", "float", "bool", "complex", "any", "all", "reversed", "enumerate", "zip", "divmod",
-    "pow", "repr", "ord", "chr", "hex", "oct", "bin", "bytes", "bytearray")}
-SAFE_MATH = {name: getattr(math, name) for name in (
-    "isclose", "sqrt", "floor", "ceil", "fabs", "log", "log2", "log10", "exp", "pow", "sin", "cos",
-    "tan", "asin", "acos", "atan", "atan2", "hypot", "gcd", "isfinite", "isinf", "isnan", "trunc",
-    "degrees", "radians", "prod", "fsum", "copysign", "fmod", "isqrt", "comb", "perm", "factorial")}
-MATH_CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau, "inf": math.inf, "nan": math.nan}
-SAFE_METHODS = {
-    str: {"lower", "upper", "strip", "lstrip", "rstrip", "split", "startswith", "endswith", "count",
-          "index", "find", "join", "replace", "isdigit", "isalpha", "title", "capitalize"},
-    list: {"count", "index"}, tuple: {"count", "index"},
-    dict: {"keys", "values", "items", "get"}, set: {"issubset", "issuperset", "union", "intersection"},
-    frozenset: {"issubset", "issuperset", "union", "intersection"},
-}
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
-           ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.BitAnd: operator.and_}
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
-          ast.Not: operator.not_}
-_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_,
-            ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b,
-            ast.NotIn: lambda a, b: a not in b}
+__all__ = ["MISSING", "AssertParseError", "AssertPlan", "EvalFailure", "Outcome", "Probe",
+           "bound_names", "called_function_name", "called_function_names", "evaluate_plan",
+           "parse_assert", "plan_assert"]
+
 # Nodes whose value is not data (a function, an iterator): a parent call cannot take them as
 # arguments, so the whole enclosing expression goes to the child instead.
 _NOT_DATA = (ast.Lambda, ast.GeneratorExp, ast.Starred)
-_MAX_SIZE = 10_000_000  # largest sequence / int bit length the parent will build
 _STDLIB = frozenset(sys.stdlib_module_names)
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 class AssertParseError(ValueError):
     """The test string is not a single ``assert`` statement."""
-
-
-class EvalFailure(Exception):
-    """The parent could not evaluate the assert (a probe raised, was missing or was not plain data)."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +71,6 @@ class AssertPlan:
     def is_fallback(self) -> bool:
         """The child computes this whole assert (no parent-side split was possible)."""
         return id(self.expression) in self.probe_of_node
-
-
-@dataclass(frozen=True)
-class Outcome:
-    passed: bool
-    detail: str  # "" when passed; else e.g. "got [1, 2], expected [2, 1]" or "error: ValueError: ..."
 
 
 def parse_assert(test: str) -> ast.expr:
@@ -277,184 +244,3 @@ def _value_children(node: ast.expr) -> list[ast.expr]:
     if isinstance(node, ast.Dict):
         return [k for k in node.keys if k is not None] + list(node.values)
     return [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation in the parent
-
-
-def evaluate_plan(plan: AssertPlan, probe_values: list) -> Outcome:
-    """Decide the assert given the probes' decoded values (``MISSING`` for a probe that never came)."""
-    evaluator = _Evaluator(plan, probe_values)
-    try:
-        if plan.is_fallback:
-            value = evaluator.value(plan.expression)
-            if value is True:  # the weaker path: the child's truth test must be exactly True
-                return Outcome(True, "")
-            return Outcome(False, f"got {_short(value)}")
-        value = evaluator.value(plan.expression)
-        if _truth(value):
-            return Outcome(True, "")
-        return Outcome(False, _describe_failure(plan.expression, evaluator))
-    except EvalFailure as e:
-        return Outcome(False, str(e))
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING = _Missing()
-
-
-class _Evaluator:
-    def __init__(self, plan: AssertPlan, probe_values: list):
-        self.plan, self.probe_values, self.cache = plan, probe_values, {}
-
-    def value(self, node: ast.expr):
-        key = id(node)
-        if key not in self.cache:
-            self.cache[key] = self._compute(node)
-        return self.cache[key]
-
-    def _compute(self, node: ast.expr):
-        index = self.plan.probe_of_node.get(id(node))
-        if index is not None:
-            return self._probe(index)
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            items = [self.value(e) for e in node.elts]
-            kind = {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)]
-            return self._apply(kind, items)
-        if isinstance(node, ast.Dict):
-            return self._apply(lambda pairs: dict(pairs),
-                               [(self.value(k), self.value(v)) for k, v in zip(node.keys, node.values)])
-        if isinstance(node, ast.UnaryOp):
-            return self._apply(_UNARY[type(node.op)], self.value(node.operand))
-        if isinstance(node, ast.BinOp):
-            left, right = self.value(node.left), self.value(node.right)
-            _check_size(node.op, left, right)
-            return self._apply(_BINARY[type(node.op)], left, right)
-        if isinstance(node, ast.BoolOp):
-            for operand in node.values:
-                result = self.value(operand)
-                if _truth(result) == isinstance(node.op, ast.Or):
-                    return result
-            return result
-        if isinstance(node, ast.Compare):
-            left = self.value(node.left)
-            for op, comparator in zip(node.ops, node.comparators):
-                right = self.value(comparator)
-                if not _truth(self._apply(_COMPARE[type(op)], left, right)):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.IfExp):
-            return self.value(node.body) if _truth(self.value(node.test)) else self.value(node.orelse)
-        if isinstance(node, ast.Subscript):
-            return self._apply(operator.getitem, self.value(node.value), self.value(node.slice))
-        if isinstance(node, ast.Slice):
-            parts = [None if p is None else self.value(p) for p in (node.lower, node.upper, node.step)]
-            return slice(*parts)
-        if isinstance(node, ast.Attribute):  # only math constants reach here
-            return MATH_CONSTANTS[node.attr]
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        raise EvalFailure(f"error: cannot evaluate {type(node).__name__}")  # planner never allows it
-
-    def _call(self, node: ast.Call):
-        args = [self.value(a) for a in node.args]
-        kwargs = {k.arg: self.value(k.value) for k in node.keywords}
-        func = node.func
-        if isinstance(func, ast.Name):
-            function = SAFE_FUNCTIONS[func.id]
-        elif isinstance(func.value, ast.Name) and func.value.id == "math" and func.attr in SAFE_MATH:
-            function = SAFE_MATH[func.attr]
-            if func.attr in ("factorial", "comb", "perm") and any(
-                    type(a) is int and a > 100_000 for a in args):
-                raise EvalFailure("error: argument too large for the parent to evaluate")
-        else:
-            target = self.value(func.value)
-            kind = type(target)
-            if func.attr not in SAFE_METHODS.get(kind, ()):
-                raise EvalFailure(f"error: {kind.__name__} has no pure method {func.attr!r}")
-            function, args = getattr(kind, func.attr), [target, *args]
-        if function in (builtins.pow, math.pow) and len(args) >= 2:
-            _check_size(ast.Pow(), args[0], args[1])
-        if function in (builtins.bytes, builtins.bytearray) and args and type(args[0]) is int \
-                and args[0] > _MAX_SIZE:
-            raise EvalFailure("error: result too large for the parent to evaluate")
-        if function is str.replace and len(args) >= 3 and isinstance(args[2], str) \
-                and len(args[0]) * max(1, len(args[2])) > _MAX_SIZE:
-            raise EvalFailure("error: result too large for the parent to evaluate")
-        return self._apply(function, *args, **kwargs)
-
-    def _apply(self, function, *args, **kwargs):
-        for value in (*args, *kwargs.values()):
-            _require_plain(value)
-        try:
-            result = function(*args, **kwargs)
-        except EvalFailure:
-            raise
-        except Exception as e:  # the test's own expression raised, as it would have in Python
-            raise EvalFailure(f"error: {type(e).__name__}: {str(e)[:80]}") from None
-        return result
-
-    def _probe(self, index: int):
-        value = self.probe_values[index] if index < len(self.probe_values) else MISSING
-        if value is MISSING:
-            raise EvalFailure("exited before tests ran")
-        if isinstance(value, Opaque) and value.raised:
-            raise EvalFailure(f"error: {value.type_name[:70]}")
-        return value
-
-
-def _require_plain(value) -> None:
-    """Refuse values that carry an Opaque anywhere: they have no value to compare."""
-    stack, budget = [value], 1_000_000
-    while stack and budget > 0:
-        item = stack.pop()
-        budget -= 1
-        if isinstance(item, Opaque):
-            raise EvalFailure(f"got {item!r}" if item is value else f"got {_short(value)}")
-        kind = type(item)
-        if kind in (list, tuple, set, frozenset):
-            stack.extend(item)
-        elif kind is dict:
-            stack.extend(item.keys())
-            stack.extend(item.values())
-
-
-def _check_size(op: ast.operator, left, right) -> None:
-    """Refuse arithmetic that would make the parent build a huge object from candidate values."""
-    if isinstance(op, ast.Mult):
-        for seq, count in ((left, right), (right, left)):
-            if type(count) is int and isinstance(seq, (str, bytes, list, tuple)) \
-                    and len(seq) * count > _MAX_SIZE:
-                raise EvalFailure("error: result too large for the parent to evaluate")
-    if isinstance(op, (ast.Pow, ast.LShift)) and type(left) is int and type(right) is int:
-        bits = left.bit_length() * right if isinstance(op, ast.Pow) else right
-        if abs(left) > 1 and bits > _MAX_SIZE:
-            raise EvalFailure("error: result too large for the parent to evaluate")
-
-
-def _truth(value) -> bool:
-    _require_plain(value)
-    return bool(value)
-
-
-def _describe_failure(expression: ast.expr, evaluator: _Evaluator) -> str:
-    if isinstance(expression, ast.Compare) and len(expression.ops) == 1:
-        got, expected = evaluator.value(expression.left), evaluator.value(expression.comparators[0])
-        return f"got {_short(got)}, expected {_short(expected)}"
-    if isinstance(expression, ast.Call) and len(expression.args) >= 2:  # math.isclose(got, expected)
-        got, expected = evaluator.value(expression.args[0]), evaluator.value(expression.args[1])
-        return f"got {_short(got)}, expected {_short(expected)}"
-    return f"got {_short(evaluator.value(expression))}"
-
-
-def _short(value, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
