@@ -34,6 +34,7 @@ from rlcode.sandbox.asserts import (MISSING, AssertParseError, AssertPlan, bound
 from rlcode.sandbox.result import ExecResult, Program, Status
 
 _CONFLICT = plain_data.Opaque("conflicting values for one probe", raised=True)
+_NO_REFERENCE = plain_data.Opaque("internal_error: the reference execution gave no value", raised=True)
 _REFERENCE_CACHE: dict[tuple, dict[int, object]] = {}  # reference probes are deterministic
 _REFERENCE_CACHE_MAX = 4096
 _cache_lock = threading.Lock()
@@ -178,7 +179,8 @@ def _decide(plans, candidate_slots, result: ExecResult, reference: dict) -> Test
     reference_slots = [(t, p) for t, plan in enumerate(plans) for p, probe in
                        enumerate(plan.probes if plan else ()) if probe.reference]
     for position, slot in enumerate(reference_slots):
-        values[slot] = reference.get(position, MISSING)
+        value = reference.get(position, MISSING)
+        values[slot] = _NO_REFERENCE if value is MISSING else value
     passed, details, fallbacks = [], [], 0
     for t, plan in enumerate(plans):
         if plan is None:
