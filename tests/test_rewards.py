@@ -77,8 +77,8 @@ def pool():
 def test_execution_reward_schedule(pool):
     reward = ExecutionReward(pool=pool)
     completions = ["print('hi')", "x = 1", "def f(:\n", "if True:\nprint(1)", "1 / 0",
-                   "import time\ntime.sleep(30)", "", f"{FENCE}python\nprint(2)\n{FENCE}"]
-    reward.timeout = 1.0
+                   "import time\ntime.sleep(60)", "", f"{FENCE}python\nprint(2)\n{FENCE}"]
+    reward.timeout = 4.0  # generous: a loaded machine must not turn `1 / 0` into a timeout
     scores = reward(prompts=["p"] * len(completions), completions=completions)
     assert scores == [1.0, 0.5, -0.5, -0.5, -1.0, -1.0, -0.5, 1.0]
     assert reward.last_details[4] == "error: ZeroDivisionError" and reward.last_details[5] == "timeout"
