@@ -152,9 +152,9 @@ def test_worker_crash_gives_internal_error_and_respawns():
     with SandboxPool(workers=1, timeout=10) as pool:
         future = pool.submit("import time\ntime.sleep(30)")
         deadline = time.monotonic() + 10
-        while pool.count()["running"] < 1 and time.monotonic() < deadline:
+        while (pool.count()["running"] < 1 or pool._slots[0].worker is None) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)
+        time.sleep(0.3)  # let the request reach the worker
         worker = pool._slots[0].worker
         os.killpg(worker.pid, signal.SIGKILL)
         result = future.result(timeout=20)

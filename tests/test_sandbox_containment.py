@@ -71,26 +71,17 @@ def _eventually_none(find, seconds: float = 5.0) -> list:
 
 
 def _escaping_sleeper(marker: str, then: str) -> str:
-    """A program that starts a sleeper in a new session (double fork), proves it runs, then `then`."""
+    """A program that starts a sleeper in a new session (double fork), waits until it runs, then `then`."""
     return textwrap.dedent(f"""
         import os, time
-        r, w = os.pipe()
+        r, w = os.pipe()  # close-on-exec: EOF once the sleeper has exec'd and the middle process left
         if os.fork() == 0:
             os.setsid()
-            pid = os.fork()
-            if pid == 0:
+            if os.fork() == 0:
                 os.execv("/bin/sleep", ["sleep", "{marker}"])
-            os.write(w, str(pid).encode())
             os._exit(0)
         os.close(w)
-        pid = int(os.read(r, 100))
-        for _ in range(200):
-            try:
-                if b"{marker}" in open(f"/proc/{{pid}}/cmdline", "rb").read():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
+        os.read(r, 1)
         print("spawned", flush=True)
         {then}
     """)

@@ -95,9 +95,10 @@ def _clear_capabilities() -> None:
 
 
 def _mount_own_proc() -> None:
-    """As init of a fresh PID namespace, mount a /proc that shows that namespace: os.getpid() and
-    /proc agree, and the worker and everything outside are invisible. Best effort (fidelity, not
-    containment): a private mount namespace first, so nothing propagates back."""
+    """As init of a fresh PID namespace, mount a /proc that shows only that namespace, in a private
+    mount namespace (so nothing propagates back). Used at the process level, where /proc would
+    otherwise show every host process; under bwrap, /proc already shows only the worker's sandbox
+    and the extra namespace costs more than it gives. Best effort."""
     if os.getpid() != 1 or os.geteuid() != 0:
         return
     if _libc.unshare(CLONE_NEWNS) != 0:
@@ -106,10 +107,12 @@ def _mount_own_proc() -> None:
         _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
 
 
-def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_program) -> None:
+def confine(*, workdir: str, env: dict, limits: dict, drop_uid: bool, seccomp_program,
+            private_proc: bool = False) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
-    _mount_own_proc()
+    if private_proc:
+        _mount_own_proc()
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(env)

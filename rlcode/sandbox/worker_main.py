@@ -10,6 +10,7 @@ worker, and its child's whole tree with it. The worker, not the child, holds the
 """
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -214,7 +215,7 @@ class Worker:
                 os.dup2(val_w, child_harness.VALUES_FD)
                 os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
                 child_harness.confine(workdir=workdir, env=env, limits=limits, drop_uid=self.is_root,
-                                      seccomp_program=self.seccomp)
+                                      seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
             except BaseException as exc:
                 try:
                     os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
@@ -455,6 +456,10 @@ def main() -> None:
         return
     worker = Worker(json.loads(config_line), proto_in, proto_out)
     worker.control = reader
+    # Everything imported so far moves to the permanent generation: a child's garbage collections
+    # then never walk (and copy-on-write) the pre-imported modules' objects.
+    gc.collect()
+    gc.freeze()
     worker.serve()
 
 
