@@ -28,6 +28,7 @@ import collections as _collections
 import decimal as _decimal
 import fractions as _fractions
 import json as _json
+import json.encoder as _json_encoder
 
 # Bound once, before candidate code can rebind anything.
 _type = type
@@ -47,7 +48,11 @@ _complex_real = complex.real.__get__
 _complex_imag = complex.imag.__get__
 _decimal_str = _decimal.Decimal.__str__
 _fraction_str = _fractions.Fraction.__str__
-_dumps = _json.dumps
+# The C encoder itself, not json.dumps: dumps() runs Python code that looks up builtins such as
+# isinstance at call time, which a candidate program may have rebound.
+_c_encode = _json_encoder.c_make_encoder(None, None, _json_encoder.encode_basestring_ascii, None,
+                                         ":", ",", False, False, True)
+_join = "".join
 _type_name = type.__dict__["__qualname__"].__get__
 
 _DICT_TYPES = (dict, _collections.OrderedDict, _collections.defaultdict, _collections.Counter)
@@ -112,7 +117,7 @@ def _len_digits_ok(value: int) -> bool:
 
 def dumps(value: object) -> str:
     """Encode and serialise to one line of JSON."""
-    return _dumps(encode(value), allow_nan=True, separators=(",", ":"))
+    return _join(_c_encode(encode(value), 0))
 
 
 class Opaque:
