@@ -1,0 +1,221 @@
+"""The two sides of the step-throughput benchmark: rlcode's GRPO module and TRL's GRPOTrainer.
+
+Each side runs in a fresh interpreter (``step_throughput.py`` starts it), trains ``steps`` GRPO
+steps on the same model, prompts, group size, lengths and reward, and returns one JSON-able dict:
+per-step wall times, completion tokens per step, generation seconds per step, peak RSS. The first
+step is the warm-up; the parent leaves it out of tokens/s.
+
+What is the same on both sides (and why):
+  - prompts: MBPP train tasks in order as chat messages, each side renders them with the
+    tokenizer's chat template; TRL's shuffle is off so both see the same prompts per step;
+  - 4 prompts x G completions per step, one optimizer step per batch (TRL: per-device batch 4 x
+    gradient accumulation 4 = one generation batch of 16, so no old log-probs on either side);
+  - loss micro-batches of 4 completions (TRL's per-device batch), AdamW, lr, grad-norm clip 1.0;
+  - fp32 weights, no autocast (TRL's bf16 default would turn autocast on: off for parity), no
+    gradient checkpointing, temperature 1.0, no top-k / top-p, EOS as the only stop;
+  - the reward: completion length in characters / 100 (cheap, so the sandbox does not dominate,
+    and it varies within every group, so every step updates), or rlcode's execution reward.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass
+
+DEFAULT_MBPP = "/work/shared/data/mbpp/mbpp.jsonl"  # used when MBPP_DATASET_PATH is unset
+
+# Token counts of the TRL side, appended by the reward (the one place TRL hands out completion ids).
+_TRL_TOKENS_PER_CALL: list[int] = []
+
+
+@dataclass
+class Settings:
+    """One benchmark configuration, identical for both sides."""
+
+    model: str = "tiny-random"
+    steps: int = 4
+    beta: float = 0.0
+    prompts_per_step: int = 4
+    num_generations: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    micro_batch_size: int = 4
+    learning_rate: float = 1e-6
+    reward: str = "length"  # "length" or "execution"
+    threads: int = 2
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def completion_length_reward(prompts=None, completions=None, completion_ids=None, **columns) -> list[float]:
+    """Characters / 100. TRL passes conversational completions as message lists and token ids."""
+    if completion_ids is not None:
+        _TRL_TOKENS_PER_CALL.append(sum(len(ids) for ids in completion_ids))
+    return [len(_text(c)) / 100.0 for c in completions]
+
+
+def _text(completion) -> str:
+    if isinstance(completion, list):  # [{"role": "assistant", "content": ...}]
+        return "".join(str(message.get("content", "")) for message in completion)
+    return str(completion)
+
+
+def prompt_rows(count: int) -> list[dict]:
+    """The first ``count`` MBPP train tasks as chat messages plus the columns rewards read."""
+    from rlcode.data.mbpp import load_mbpp
+    from rlcode.data.prompts import chat_messages
+
+    tasks = load_mbpp(os.environ.get("MBPP_DATASET_PATH", DEFAULT_MBPP), split="train")
+    if len(tasks) < count:
+        raise ValueError(f"only {len(tasks)} MBPP train tasks for {count} prompts: lower --steps")
+    return [{"task_id": t.task_id, "prompt": chat_messages(t), "test_list": list(t.test_list),
+             "test_setup_code": t.test_setup_code, "entry_point": t.entry_point} for t in tasks[:count]]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+
+# ---- rlcode ------------------------------------------------------------------------------------
+def run_rlcode(settings: Settings) -> dict:
+    """``settings.steps`` training steps of rlcode's GRPO module under a plain Lightning Trainer."""
+    _set_threads(settings.threads)
+    import lightning as L
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from rlcode.algorithms.grpo import GRPO
+
+    rows = prompt_rows(settings.prompts_per_step * settings.steps * 2)  # spare batches: a step may not update
+    batches = [rows[i:i + settings.prompts_per_step] for i in range(0, len(rows), settings.prompts_per_step)]
+
+    class Batches(IterableDataset):
+        def __iter__(self):
+            for batch in batches:
+                yield {key: [row[key] for row in batch] for key in batch[0]}
+
+    class StepClock(L.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.tokens: list[int] = []
+            self.generation: list[float] = []
+            self.phases: list[dict] = []
+
+        def on_train_start(self, trainer, module) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            record = module.last_step
+            self.ends.append(time.perf_counter())
+            self.tokens.append(sum(record.completion_lengths))
+            self.generation.append(record.timings.get("generation", 0.0))
+            self.phases.append({k: round(v, 3) for k, v in record.timings.items()})
+
+    reward = "execution" if settings.reward == "execution" else "grpo_sides:completion_length_reward"
+    loaded = time.perf_counter()
+    module = GRPO(model_name=settings.model, rewards=[reward], reward_timeout=5.0, sandbox_workers=settings.threads,
+                  num_generations=settings.num_generations, max_new_tokens=settings.max_new_tokens,
+                  temperature=settings.temperature, learning_rate=settings.learning_rate, loss_type="dapo",
+                  beta=settings.beta, micro_batch_size=settings.micro_batch_size, max_grad_norm=1.0,
+                  generation_seed=settings.seed)
+    clock = StepClock()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=settings.steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, callbacks=[clock])
+    trainer.fit(module, train_dataloaders=DataLoader(Batches(), batch_size=None, num_workers=0))
+    steps = [b - a for a, b in zip([clock.started] + clock.ends[:-1], clock.ends)]
+    return {"side": "rlcode", "step_s": steps, "tokens": clock.tokens, "generation_s": clock.generation,
+            "phases": clock.phases, "optimizer_steps": trainer.global_step,
+            "setup_s": clock.started - loaded, "peak_rss_mb": peak_rss_mb()}
+
+
+# ---- TRL ---------------------------------------------------------------------------------------
+def run_trl(settings: Settings) -> dict:
+    """``settings.steps`` optimizer steps of TRL's GRPOTrainer, configured like the rlcode side."""
+    _set_threads(settings.threads)
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlcode.models import resolve_model_source
+
+    folder = resolve_model_source(settings.model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    dataset = Dataset.from_list(prompt_rows(settings.prompts_per_step * settings.steps))
+
+    generation_s: list[float] = []
+    original_generate = GRPOTrainer._generate
+
+    def timed_generate(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original_generate(self, *args, **kwargs)
+        finally:
+            generation_s.append(time.perf_counter() - started)
+
+    GRPOTrainer._generate = timed_generate
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+    if settings.reward == "execution":
+        from rlcode.rewards import ExecutionReward
+
+        execution = ExecutionReward(timeout=5.0, workers=settings.threads)
+
+        def execution_reward(prompts=None, completions=None, completion_ids=None, **columns):
+            _TRL_TOKENS_PER_CALL.append(sum(len(ids) for ids in completion_ids))
+            return execution(prompts=prompts, completions=completions, **columns)
+
+        reward_funcs = [execution_reward]
+    else:
+        reward_funcs = [completion_length_reward]
+
+    group = settings.num_generations
+    per_device = settings.micro_batch_size
+    generation_batch = settings.prompts_per_step * group
+    if generation_batch % per_device:
+        raise ValueError(f"{generation_batch} completions per step do not split into micro-batches of {per_device}")
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), use_cpu=True, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, seed=settings.seed, dataloader_num_workers=0,
+        per_device_train_batch_size=per_device, gradient_accumulation_steps=generation_batch // per_device,
+        num_generations=group, max_completion_length=settings.max_new_tokens, temperature=settings.temperature,
+        top_k=0, top_p=1.0, beta=settings.beta, loss_type="dapo", bf16=False, gradient_checkpointing=False,
+        learning_rate=settings.learning_rate, max_grad_norm=1.0, max_steps=settings.steps, shuffle_dataset=False,
+    )
+    clock = StepClock()
+    loaded = time.perf_counter()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[clock])
+    trainer.train()
+    steps = [b - a for a, b in zip([clock.started] + clock.ends[:-1], clock.ends)]
+    return {"side": "trl", "step_s": steps, "tokens": list(_TRL_TOKENS_PER_CALL), "generation_s": generation_s,
+            "optimizer_steps": trainer.state.global_step, "setup_s": clock.started - loaded,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+SIDES = {"rlcode": run_rlcode, "trl": run_trl}
