@@ -196,7 +196,8 @@ def test_fork_bomb_is_contained(pool):
 
 
 def test_memory_bomb(pool):
-    result = _run(pool, "chunks = []\nwhile True:\n    chunks.append(bytearray(10 << 20))")
+    # Touches every page up to the 1 GiB limit: slow on a loaded machine, hence the long timeout.
+    result = _run(pool, "chunks = []\nwhile True:\n    chunks.append(bytearray(10 << 20))", timeout=30)
     assert result.status is Status.MEMORY and result.error_type == "MemoryError"
 
 

@@ -104,6 +104,8 @@ def _write_line(fd: int, obj) -> None:
 class Worker:
     def __init__(self, config: dict, proto_in: int, proto_out: int):
         self.config = config
+        os.environ.clear()  # already scrubbed by whoever started us; made exact here
+        os.environ.update(config["env"])
         self.control = LineReader(proto_in)
         self.proto_out = proto_out
         self.is_root = os.getuid() == 0
@@ -194,10 +196,12 @@ class Worker:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         val_r, val_w = os.pipe()
-        env = dict(self.config["env"], HOME=workdir, TMPDIR=workdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the child inherits our (scrubbed) environment
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
+        plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
+                                         seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
         if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         started = time.monotonic()
@@ -211,8 +215,7 @@ class Worker:
                 os.dup2(err_w, 2)
                 os.dup2(val_w, child_harness.VALUES_FD)
                 os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
-                child_harness.confine(workdir=workdir, env=env, limits=limits, drop_uid=self.is_root,
-                                      seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
+                child_harness.confine(plan)
             except BaseException as exc:
                 try:
                     os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
