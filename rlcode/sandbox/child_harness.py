@@ -154,7 +154,8 @@ def confine(plan: Confinement) -> None:
 
 def _status(status: str, error_type=None) -> None:
     try:
-        _write_all(VALUES_FD, ('{"s":"%s","e":%s}\n' % (status, _dumps(error_type))).encode())
+        encoded = "null" if error_type is None else _dumps(error_type)  # a class name can hold anything
+        _write_all(VALUES_FD, ('{"s":"%s","e":%s}\n' % (status, encoded)).encode())
     except _BaseException:
         pass
 

@@ -209,9 +209,7 @@ class Worker:
         if pid == 0:  # the child: never returns
             code = child_harness.EXIT_CONFINE_FAILED
             try:
-                null = os.open("/dev/null", os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out_w, 1)
+                os.dup2(out_w, 1)  # fd 0 is already /dev/null (see main())
                 os.dup2(err_w, 2)
                 os.dup2(val_w, child_harness.VALUES_FD)
                 os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
