@@ -96,7 +96,7 @@ def probe_isolation(isolation: str, limits: Limits) -> Probe:
         try:
             worker = WorkerProcess(launch, startup_timeout=30.0)
         except WorkerFailure as e:
-            failures.append(f"{level}: {e}")
+            failures.append(f"{level}: {' '.join(str(e).split())[-300:]}")  # one line
             continue
         layers = dict(worker.layers)
         worker.close()
