@@ -105,6 +105,27 @@ def test_no_network(pool):
     assert "b'ping'" in result.stdout and result.status is Status.OK
 
 
+def test_host_abstract_unix_sockets_unreachable(pool):
+    import socket
+    name = f"\0rlcode-test-{random.randint(10**6, 10**7)}"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(name)
+    listener.listen()
+    try:
+        result = _run(pool, f"""
+            import socket
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect({name!r})
+                print("CONNECTED")
+            except OSError as e:
+                print("refused", type(e).__name__)
+        """)
+    finally:
+        listener.close()
+    assert "refused" in result.stdout and "CONNECTED" not in result.stdout, result
+
+
 def test_secrets_absent_from_environment(pool):
     result = _run(pool, """
         import os
@@ -177,7 +198,7 @@ def test_filesystem(pool):
 
 def test_temp_dir_is_private_and_deleted(pool):
     first = _run(pool, "import os; open('left.txt', 'w').write('x'); print(os.getcwd())")
-    second = _run(pool, f"import os; print(os.path.exists({first.stdout.strip()!r}))")
+    second = _run(pool, f"import os; print(os.path.exists({first.stdout.strip()!r} + '/left.txt'))")
     assert second.stdout.strip() == "False"
 
 

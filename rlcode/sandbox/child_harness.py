@@ -104,17 +104,20 @@ def _clear_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-def _mount_own_proc() -> None:
-    """As init of a fresh PID namespace, mount a /proc that shows only that namespace, in a private
-    mount namespace (so nothing propagates back). Used at the process level, where /proc would
-    otherwise show every host process; under bwrap, /proc already shows only the worker's sandbox
-    and the extra namespace costs more than it gives. Best effort."""
+def _private_mounts() -> None:
+    """At the process level (no bwrap), as root and init of a fresh PID namespace: a private mount
+    namespace (nothing propagates back) with a /proc that shows only this namespace (not every host
+    process) and an empty, size-limited /dev/shm (not the host's, where files would outlive us).
+    Under bwrap both exist already, per worker, and the extra namespace costs more than it gives.
+    Best effort: without it the other layers still hold."""
     if os.getpid() != 1 or os.geteuid() != 0:
         return
     if _libc.unshare(CLONE_NEWNS) != 0:
         return
     if _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) == 0:
-        _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
+        flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _libc.mount(b"proc", b"/proc", b"proc", flags, None)
+        _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"mode=1777,size=64m")
 
 
 class Confinement:
@@ -133,7 +136,7 @@ def confine(plan: Confinement) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
     if plan.private_proc:
-        _mount_own_proc()
+        _private_mounts()
     os.chdir(plan.workdir)
     for which, pair in plan.rlimits:
         resource.setrlimit(which, pair)

@@ -112,7 +112,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
     real_uid_drop = bool(worker.get("uid_drop"))
     layers = {
         "filesystem_hidden": bwrap,
-        "network_namespace": bwrap,
+        "network_namespace": bwrap or bool(worker.get("network_namespace")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
         "subreaper": bool(worker.get("subreaper")),
@@ -125,7 +125,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
     notes = {
         "filesystem_hidden": "read-only /usr, /lib*, the python prefix; private /tmp" if bwrap
         else "the child sees the host filesystem (with uid 65534's permissions when root)",
-        "network_namespace": "no interfaces but loopback" if bwrap else "network denied by seccomp only",
+        "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
+        else "network denied by seccomp only (host abstract UNIX sockets reachable)",
         "seccomp": seccomp_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",

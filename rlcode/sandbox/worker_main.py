@@ -37,6 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
@@ -121,6 +123,11 @@ class Worker:
             sys.exit(1)  # the parent died before the line above took effect
         self.subreaper = _libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) == 0
         self.prefix_reachable = True
+        self.own_network = self.in_bwrap  # bwrap gave us empty network and IPC namespaces
+        if not self.in_bwrap and self.is_root:
+            # Without bwrap but as root: empty network and IPC namespaces for the worker and all its
+            # children (no network, not even the host's abstract UNIX sockets), once per worker.
+            self.own_network = _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0
         if config.get("python_prefix") and self.is_root:
             self.prefix_reachable = _expose_to_sandbox_user(config["python_prefix"])
         self.own_pidns = None
@@ -156,7 +163,7 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
-                "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable, "subreaper": self.subreaper, "rlimits": True,
+                "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable, "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
 
     def serve(self) -> None:
