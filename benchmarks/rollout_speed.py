@@ -6,7 +6,7 @@ Three paths over the same 16 rows (4 prompts x 4 generations, temperature 1, 64 
   rlcode loop         HFGenerateBackend: Gumbel-max, finished rows leave the batch, shared prefill
 Prints tokens/s (tokens up to and including EOS) and the ratio to `generate`; best of --repeats.
 
-    python benchmarks/rollout_speed.py --models tiny-random tiny-49k smollm2-135m-instruct
+    python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -38,18 +38,6 @@ class GumbelNoise:
         return scores / self.temperature - torch.log(-torch.log(uniform))
 
 
-def tiny_with_large_vocabulary(tokenizer):
-    """The TRL peer's tiny model: 2 layers, 64 wide, SmolLM2's 49k vocabulary."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, initializer_range=0.3,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
 def counted_tokens(new_tokens: torch.Tensor, eos: int) -> int:
     """Tokens up to and including the first EOS of each row."""
     total = 0
@@ -59,9 +47,8 @@ def counted_tokens(new_tokens: torch.Tensor, eos: int) -> int:
 
 
 def run(model_name: str, repeats: int, max_new_tokens: int, group: int) -> None:
-    tokenizer_name = "smollm2-135m-instruct" if model_name == "tiny-49k" else model_name
-    tokenizer = load_tokenizer(tokenizer_name)
-    model = tiny_with_large_vocabulary(tokenizer) if model_name == "tiny-49k" else load_model(model_name).eval()
+    tokenizer = load_tokenizer(model_name)
+    model = load_model(model_name).eval()
     prompts = [render_prompt(tokenizer, text, chat=True) for text in PROMPTS]
     rows = [prompt for prompt in prompts for _ in range(group)]
     encoded = tokenizer(rows, padding=True, return_tensors="pt", add_special_tokens=False)
@@ -100,7 +87,7 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["tiny-random", "tiny-49k", "smollm2-135m-instruct"])
+    parser.add_argument("--models", nargs="+", default=["tiny-random", "tiny-random-49k", "smollm2-135m-instruct"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--group", type=int, default=4)

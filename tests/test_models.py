@@ -27,7 +27,7 @@ def tiny_tokenizer():
 
 
 def test_aliases_are_documented():
-    assert set(MODEL_ALIASES) == {"smollm2-135m-instruct", "tiny-random"}
+    assert set(MODEL_ALIASES) == {"smollm2-135m-instruct", "tiny-random", "tiny-random-49k"}
     for alias in MODEL_ALIASES.values():
         assert alias.source and alias.license and alias.purpose
 
@@ -186,3 +186,11 @@ def test_embedded_smollm2_loads_with_its_chat_template():
     assert "<|im_start|>user\nWrite a Python function.<|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left"
+
+
+@pytest.mark.integration
+def test_tiny_model_with_the_smollm2_vocabulary():
+    tokenizer = load_tokenizer("tiny-random-49k")
+    model = load_model("tiny-random-49k")
+    assert len(tokenizer) == model.config.vocab_size == 49152
+    assert model.config.num_hidden_layers == 2 and tokenizer.eos_token == "<|im_end|>"

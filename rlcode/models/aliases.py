@@ -23,6 +23,7 @@ class ModelAlias:
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 TINY_RANDOM_ALIAS = "tiny-random"
+TINY_RANDOM_LARGE_VOCABULARY_ALIAS = "tiny-random-49k"
 
 MODEL_ALIASES: dict[str, ModelAlias] = {
     SMOLLM2_ALIAS: ModelAlias(
@@ -38,6 +39,13 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         "tokenizer trained on a built-in Python snippet corpus; no download",
         license="Apache-2.0 (generated)",
         purpose="unit tests and smoke configs",
+    ),
+    TINY_RANDOM_LARGE_VOCABULARY_ALIAS: ModelAlias(
+        name=TINY_RANDOM_LARGE_VOCABULARY_ALIAS,
+        source="the tiny-random architecture and seed with SmolLM2's 49,152-token tokenizer "
+        "(built from the embedded model's tokenizer)",
+        license="Apache-2.0 (generated; tokenizer from SmolLM2)",
+        purpose="speed benchmarks: the model of the TRL step-throughput peer in FACTS",
     ),
 }
 

@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 from rlcode.models.adapters import LoraSettings, Quantization, apply_lora, quantization_config
-from rlcode.models.aliases import MODEL_ALIASES, SMOLLM2_ALIAS, TINY_RANDOM_ALIAS
+from rlcode.models.aliases import MODEL_ALIASES, SMOLLM2_ALIAS, TINY_RANDOM_ALIAS, TINY_RANDOM_LARGE_VOCABULARY_ALIAS
+from rlcode.models.embedded_smollm2 import smollm2_folder
+from rlcode.models.tiny_random import tiny_random_folder, tiny_random_large_vocabulary_folder
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +21,11 @@ _WEIGHT_DTYPE_NAMES = {
     "64-true": "float64", "64": "float64",
 }
 _offline_reported = False
+_ALIAS_FOLDERS = {
+    SMOLLM2_ALIAS: smollm2_folder,
+    TINY_RANDOM_ALIAS: tiny_random_folder,
+    TINY_RANDOM_LARGE_VOCABULARY_ALIAS: tiny_random_large_vocabulary_folder,
+}
 
 
 def weight_dtype(precision: str):
@@ -47,15 +54,8 @@ def compute_dtype(precision: str):
 
 def resolve_model_source(name_or_path: str) -> str:
     """Map a short name to its cached folder (building it if needed); pass anything else through."""
-    if name_or_path == SMOLLM2_ALIAS:
-        from rlcode.models.embedded_smollm2 import smollm2_folder
-
-        return str(smollm2_folder())
-    if name_or_path == TINY_RANDOM_ALIAS:
-        from rlcode.models.tiny_random import tiny_random_folder
-
-        return str(tiny_random_folder())
-    return str(name_or_path)
+    build = _ALIAS_FOLDERS.get(name_or_path)
+    return str(build()) if build is not None else str(name_or_path)
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):

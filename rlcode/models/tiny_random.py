@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlcode.models.aliases import TINY_RANDOM_ALIAS, alias_folder
+from rlcode.models.aliases import TINY_RANDOM_ALIAS, TINY_RANDOM_LARGE_VOCABULARY_ALIAS, alias_folder
 from rlcode.models.atomic_folder import build_folder_once
 
 SEED = 0
@@ -76,11 +76,28 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def _build_into(folder: Path) -> None:
+def tiny_random_large_vocabulary_folder() -> Path:
+    """The same tiny model with SmolLM2's 49k-token tokenizer (the TRL step-throughput peer's model).
+
+    A large vocabulary makes the output projection and sampling weigh as they do in real models.
+    Needs the embedded SmolLM2 (its tokenizer), which it builds first if missing.
+    """
+
+    def build(folder: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from rlcode.models.embedded_smollm2 import smollm2_folder
+
+        _build_into(folder, AutoTokenizer.from_pretrained(smollm2_folder()))
+
+    return build_folder_once(alias_folder(TINY_RANDOM_LARGE_VOCABULARY_ALIAS), build)
+
+
+def _build_into(folder: Path, tokenizer=None) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=64,
