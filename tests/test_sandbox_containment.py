@@ -264,6 +264,10 @@ def test_escaped_sleeper_killed_without_pid_namespace():
         result = _run(pool, _escaping_sleeper(marker, "time.sleep(60)"), timeout=1.5)
         assert result.status is Status.TIMEOUT and result.stdout == "spawned\n"
         assert _eventually_none(lambda: _with_marker(marker)) == []
+        bomb = _run(pool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                    timeout=2)
+        assert bomb.status is Status.TIMEOUT
+        assert _eventually_none(_sandbox_descendants) == []
 
 
 PARENT_SCRIPT = """

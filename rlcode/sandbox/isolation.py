@@ -131,7 +131,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
         "uid_65534": "real uid 65534 (RLIMIT_NPROC binds)" if real_uid_drop
-        else ("uid 65534 inside the user namespace only" if level == "bwrap-userns"
+        else ("uid 65534 inside the user namespace only" + (" (as root it maps to host root: RLIMIT_NPROC "
+              "does not bind; use level bwrap)" if os.geteuid() == 0 else "") if level == "bwrap-userns"
               else "not root: the child keeps your uid; RLIMIT_NPROC counts all your processes"),
         "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, NPROC, CORE=0",
         "python_prefix_readable": "" if worker.get("prefix_reachable", True) else

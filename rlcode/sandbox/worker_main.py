@@ -42,6 +42,7 @@ CLONE_NEWIPC = 0x08000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
+NPROC_SLACK = 256  # non-root only: room for the trainer's own processes and threads to grow
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -130,6 +131,11 @@ class Worker:
             self.own_network = _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0
         if config.get("python_prefix") and self.is_root:
             self.prefix_reachable = _expose_to_sandbox_user(config["python_prefix"])
+        # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
+        # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
+        # the namespace's count) with what already runs, e.g. the trainer's threads: count them
+        # once and allow that many more NPROC_SLACK for their growth.
+        self.nproc_base = 0 if self.is_root else _tasks_of_uid(os.getuid()) + NPROC_SLACK
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
@@ -206,6 +212,7 @@ class Worker:
         os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the child inherits our (scrubbed) environment
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
+        limits["RLIMIT_NPROC"] += self.nproc_base
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
         plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
                                          seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
@@ -299,21 +306,25 @@ class Worker:
         return reason
 
     def _kill_descendants(self, pid: int) -> None:
-        """Without a PID namespace: kill the child's process group, then (as subreaper) every
-        orphan that was reparented to us, until we have no children left."""
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        for _ in range(1000):
+        """Without a PID namespace: kill the child's process group until it is empty (a fork bomb's
+        new members are caught by the kernel's fork-vs-signal check), then, as subreaper, every
+        orphan that left the group (setsid) and was reparented to us, until we have no children."""
+        for _ in range(100):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                break
+            _reap_all()
+        for _ in range(200):
             children = _children_of(os.getpid())
             if not children:
                 break
             for child in children:
-                try:
-                    os.kill(child, signal.SIGKILL)
-                except OSError:
-                    pass
+                for kill in (os.killpg, os.kill):  # its whole group first, if it leads one
+                    try:
+                        kill(child, signal.SIGKILL)
+                    except OSError:
+                        pass
             _reap_all()
             time.sleep(0.001)
         _reap_all()
@@ -418,6 +429,20 @@ def _children_of(parent: int) -> list:
             except (OSError, IndexError, ValueError):
                 pass
     return found
+
+
+def _tasks_of_uid(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(fields["Uid"].split()[0]) == uid:
+                    count += int(fields.get("Threads", "1"))
+            except (OSError, KeyError, ValueError):
+                pass
+    return count
 
 
 def _reap_all() -> None:
