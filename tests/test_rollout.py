@@ -145,6 +145,20 @@ def test_generation_restores_training_mode(model, tokenizer, prompts):
         model.eval()
 
 
+def test_rollout_tensors_feed_a_training_forward_and_backward(model, tokenizer, prompts):
+    batch = HFGenerateBackend(model, tokenizer).generate(prompts[:2], 2, SamplingParams(max_new_tokens=6, seed=0))
+    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    model.train()
+    try:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits[:, -batch.completion_ids.shape[1]:].logsumexp(-1).mean().backward()
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    assert not batch.completion_ids.is_inference()
+
+
 def test_bad_calls_are_rejected(model, tokenizer):
     backend = HFGenerateBackend(model, tokenizer)
     with pytest.raises(ValueError, match="no prompts"):

@@ -32,8 +32,8 @@ class HFGenerateBackend:
     """Generate completions with a transformers causal LM (plain or peft-wrapped).
 
     Args:
-        model: the policy; generation runs under `torch.inference_mode()` in eval mode and the
-            previous train/eval mode is restored afterwards.
+        model: the policy; generation runs without gradients in eval mode and the previous
+            train/eval mode is restored afterwards.
         tokenizer: its tokenizer; needs a pad token (see `rlcode.models.load_tokenizer`).
         eos_token_ids: ids that end a completion; default: the tokenizer's eos plus the model's
             generation_config eos ids.
@@ -66,7 +66,9 @@ class HFGenerateBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            # no_grad, not inference_mode: inference tensors could not be fed to the loss's
+            # forward pass (embedding backward saves the token ids).
+            with torch.no_grad():
                 return self._generate(prompts, num_generations, params)
         finally:
             self.model.train(was_training)
