@@ -1,9 +1,40 @@
 """A local code sandbox for running untrusted model-written Python thousands of times per RL step.
 
-    from rlcode.sandbox import SandboxPool, Program, wait
-    with SandboxPool() as pool:
+    from rlcode.sandbox import Program, SandboxPool, wait
+    with SandboxPool() as pool:                       # one worker per core + a reference worker
         result = pool.submit(Program("def f(x): return x + 1", probes=("f(1)",))).result()
-        result.status, result.probe_lines   # Status.OK, ['{"i":0,"v":2}']
+        result.status, result.probe_lines             # Status.OK, ['{"i":0,"v":2}']
+
+Process model (see DESIGN.md): the trainer's pool hands executions (futures, tags) to long-lived
+workers; each worker runs the base interpreter with ``-I -S`` from a private copy of three stdlib-only
+files (worker_main.py, child_harness.py, plain_data.py), inside bubblewrap, with MBPP's usual stdlib
+modules pre-imported, and forks one child per execution. The child becomes init of a fresh PID
+namespace, drops to uid 65534, applies rlimits and a seccomp filter, runs the program in a private
+temp dir with a scrubbed environment and empty stdin. The worker holds the clock, drains and caps the
+output, and kills the child, which takes its whole tree (even setsid'd descendants) with it.
+``detect_isolation().describe()`` lists which layers are on; see isolation.py for the levels.
+
+Child protocol: ``code`` runs as ``__main__`` (SyntaxError -> syntax_error), then the trusted
+``setup`` in the same globals, then each probe expression; values leave as plain data, one JSON line
+per probe on fd 3, forwarded raw in ``ExecResult.probe_lines`` for the parent to decode. Candidate code
+*can* write that fd too: the channel carries values, never verdicts, and expected values never enter
+a candidate's process (they are computed on the reference worker, ``submit(..., reference=True)``).
+
+Behaviours worth knowing:
+  * The child is PID 1 of its namespace: ``os.getpid() == 1``, and a signal it sends itself without
+    a handler is ignored (init semantics). Under bwrap, /proc shows the worker's sandbox, not the
+    child's namespace (a per-child /proc costs ~3 ms; the process level mounts one, see below).
+  * Subprocesses are allowed (``python -c`` inside works): they inherit every layer and die with the
+    execution. RLIMIT_NPROC (``max_processes``, default 64) counts processes *and threads* of uid
+    65534, shared by all workers of the machine.
+  * stdout/stderr are capped at ``max_output_bytes`` each (the rest is counted, not stored) and
+    decoded as utf-8 with errors="replace"; probe lines are capped at 8 MiB.
+  * Each execution starts from the worker's pristine state: module changes, files in its temp dir
+    and /dev/shm do not carry over; ``random`` is reseeded in every child.
+  * Level ``process`` (no bubblewrap): the host filesystem is visible (with uid 65534's permissions
+    when root). As root it still gets a PID namespace per child with its own /proc and /dev/shm,
+    empty network and IPC namespaces per worker, and a python prefix hidden under a 0700 directory
+    made reachable read-only. As another user the child keeps that user's uid.
 """
 
 from .isolation import IsolationReport, IsolationUnavailable, detect_isolation
