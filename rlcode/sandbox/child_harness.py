@@ -21,6 +21,7 @@ import types
 import plain_data
 
 VALUES_FD = 3
+_HERE = os.path.dirname(os.path.abspath(__file__))
 SANDBOX_UID = 65534
 PR_SET_PDEATHSIG = 1
 PR_SET_SECCOMP = 22
@@ -240,6 +241,9 @@ def run(code: str, setup: str, probes) -> None:
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_data", "child_harness", "worker_main"):
         sys.modules.pop(name, None)
+    if sys.path and sys.path[0] == _HERE:
+        del sys.path[0]
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the worker ignores Ctrl-C; programs do not
     scope = main.__dict__
     linecache.cache["<candidate>"] = (len(code), None, code.splitlines(True), "<candidate>")  # tracebacks show lines
     try:
