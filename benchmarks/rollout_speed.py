@@ -1,10 +1,12 @@
 """Rollout speed: rlcode's decoding loop vs transformers' `generate()` (the peer TRL uses).
 
-Three paths over the same 16 rows (4 prompts x 4 generations, temperature 1, 64 new tokens):
+Three paths over the same 16 rows (4 prompts x 4 generations, by default temperature 1, 64 new tokens):
   generate            model.generate(do_sample=True): multinomial sampling
   generate+gumbel     model.generate(do_sample=False) with a logits processor adding Gumbel noise
   rlcode loop         HFGenerateBackend: Gumbel-max, finished rows leave the batch, shared prefill
-Prints tokens/s (tokens up to and including EOS) and the ratio to `generate`; best of --repeats.
+Prints tokens/s (tokens up to and including EOS) and the ratio to `generate`, best of --repeats,
+per wall-clock second and per CPU second of this process (steadier on a shared machine; use
+--threads 1 there so idle OpenMP threads do not count).
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
 """
@@ -46,7 +48,7 @@ def counted_tokens(new_tokens: torch.Tensor, eos: int) -> int:
     return total
 
 
-def run(model_name: str, repeats: int, max_new_tokens: int, group: int) -> None:
+def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperature: float) -> None:
     tokenizer = load_tokenizer(model_name)
     model = load_model(model_name).eval()
     prompts = [render_prompt(tokenizer, text, chat=True) for text in PROMPTS]
@@ -57,32 +59,36 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int) -> None:
 
     def hf_generate():
         torch.manual_seed(0)
-        out = model.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, **common)
+        out = model.generate(**encoded, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, **common)
         return counted_tokens(out[:, encoded["input_ids"].shape[1]:], eos)
 
     def hf_generate_gumbel():
         generator = torch.Generator().manual_seed(0)
-        out = model.generate(**encoded, do_sample=False, logits_processor=[GumbelNoise(1.0, generator)], **common)
+        out = model.generate(**encoded, do_sample=False, logits_processor=[GumbelNoise(temperature, generator)], **common)
         return counted_tokens(out[:, encoded["input_ids"].shape[1]:], eos)
 
     backend = HFGenerateBackend(model, tokenizer)
-    params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
 
     def rlcode_loop():
         return backend.generate(prompts, group, params).num_generated_tokens
 
     paths = {"generate": hf_generate, "generate+gumbel": hf_generate_gumbel, "rlcode loop": rlcode_loop}
-    best: dict[str, float] = {}
-    with torch.inference_mode():
+    best_wall: dict[str, float] = {}
+    best_cpu: dict[str, float] = {}
+    with torch.no_grad():
         for _ in range(repeats):
-            for name, path in paths.items():
-                start = time.perf_counter()
+            for name, path in paths.items():  # interleaved, so load changes hit every path alike
+                wall, cpu = time.perf_counter(), time.process_time()
                 tokens = path()
-                rate = tokens / (time.perf_counter() - start)
-                best[name] = max(best.get(name, 0.0), rate)
-    print(f"\n{model_name}: batch {len(rows)}, {max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
-    for name, rate in best.items():
-        print(f"  {name:16s} {rate:8.1f} tokens/s   x{rate / best['generate']:.2f} vs generate")
+                best_wall[name] = max(best_wall.get(name, 0.0), tokens / (time.perf_counter() - wall))
+                best_cpu[name] = max(best_cpu.get(name, 0.0), tokens / (time.process_time() - cpu))
+    print(f"\n{model_name}: batch {len(rows)}, {max_new_tokens} new tokens, T={temperature}, torch threads {torch.get_num_threads()}")
+    for name in paths:
+        print(
+            f"  {name:16s} {best_wall[name]:8.1f} tokens/s wall (x{best_wall[name] / best_wall['generate']:.2f})"
+            f"   {best_cpu[name]:8.1f} tokens/CPU-s (x{best_cpu[name] / best_cpu['generate']:.2f})"
+        )
 
 
 def main() -> None:
@@ -91,9 +97,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for model_name in args.models:
-        run(model_name, args.repeats, args.max_new_tokens, args.group)
+        run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ def next_tokens(
     """Pick the next token id for each row of logits [B, V] -> [B]; temperature 0 is greedy."""
     if temperature == 0:
         return torch.argmax(logits, dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     filtered, token_ids = filter_logits(logits, top_k, top_p)
     choice = gumbel_max_sample(filtered, generator)
     if token_ids is None:
