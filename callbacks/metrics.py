@@ -101,6 +101,9 @@ def _std(values: list[float]) -> float:
 
 @rank_zero_only
 def _write(line: str) -> None:
+    import sys
+
     from tqdm import tqdm  # cooperates with the progress bar instead of breaking its line
 
     tqdm.write(line)
+    sys.stdout.flush()  # a redirected log (SLURM, nohup) shows each step as it ends

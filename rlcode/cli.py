@@ -70,8 +70,14 @@ class RLCodeCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
         self._resume_version = None
-        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
-            config["ckpt_path"], self._resume_version = _find_last_checkpoint(config["run"])
+        if config.get("ckpt_path") == "last":
+            config["ckpt_path"], version = _find_last_checkpoint(config["run"])
+            if self.subcommand == "fit":
+                self._resume_version = version  # keep writing into the interrupted run's directory
+        if self.subcommand == "fit" and config["trainer"].get("limit_val_batches") is None:
+            # During fit the MBPP eval callback evaluates (on its own schedule); Lightning's
+            # validation loop serves `rlcode validate`.
+            config["trainer"]["limit_val_batches"] = 0
 
     def instantiate_trainer(self, **kwargs: Any):
         run: RunSettings = self._get(self.config_init, "run")
@@ -110,7 +116,8 @@ def _find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
 def _loggers(run: RunSettings, version: int | None) -> list:
     from lightning.pytorch.loggers import CSVLogger
 
-    csv = CSVLogger(save_dir=run.root_dir, name=run.experiment, version=version)
+    # Flushed every step: a step takes seconds to minutes, and metrics.csv is what people tail.
+    csv = CSVLogger(save_dir=run.root_dir, name=run.experiment, version=version, flush_logs_every_n_steps=1)
     loggers = [csv]  # first: its folder is the run directory
     mode = _wandb_mode(run.wandb)
     if mode != "disabled":

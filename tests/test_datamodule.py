@@ -90,3 +90,15 @@ def test_prompt_formats_show_the_tests():
     assert task.test_list[-1] in text and text.endswith("[BEGIN]\n")
     with pytest.raises(ValueError, match="prompt_format"):
         build_prompt(task, "fancy")
+
+
+def test_eval_loaders_do_not_move_the_training_stream():
+    dm = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=5)
+    before = dict(dm.position)
+    batches = list(dm.val_dataloader())
+    assert [len(b["task_id"]) for b in batches] == [2, 2, 1]
+    assert batches[0]["task_id"][0] == 511  # validation split: 511-600
+    for batch in batches:
+        dm.on_before_batch_transfer(batch, 0)
+    assert dm.position == before
+    assert next(iter(dm.test_dataloader()))["task_id"][0] == 11  # test split: 11-510

@@ -126,3 +126,13 @@ def test_zero_variance_groups_leave_the_weights_alone(tmp_path):
 def test_unknown_reward_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         fit(tmp_path, "--model.rewards", "[nope]")
+
+
+def test_validate_and_test_report_the_greedy_pass_rate(tmp_path):
+    for subcommand, prefix in (("validate", "mbpp_eval"), ("test", "mbpp_test")):
+        root = tmp_path / subcommand
+        main([subcommand, *BASE, "--run.root_dir", str(root), "--data.num_eval_tasks", "3"])
+        with next(root.glob("tiny/version_*/metrics.csv")).open() as handle:
+            row = next(csv.DictReader(handle))
+        assert float(row[f"{prefix}/pass_rate"]) == 0.0  # a random model solves nothing
+        assert float(row[f"{prefix}/problems_passed"]) == 0.0

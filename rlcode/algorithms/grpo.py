@@ -128,6 +128,7 @@ class GRPO(L.LightningModule):
         self.last_step: StepRecord | None = None
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
+        self._judge = None  # MBPP all-tests reward, for validate/test
         self._batches_seen = 0
 
     # ---- building (lazily, once) ------------------------------------------------------------
@@ -170,6 +171,9 @@ class GRPO(L.LightningModule):
         if self._sandbox is not None:
             self._sandbox.close()
             self._sandbox, self.rewards = None, None
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
 
     def on_fit_start(self) -> None:
         if self._reference is not None:
@@ -225,6 +229,26 @@ class GRPO(L.LightningModule):
             updated=update, loss=loss_parts, reward_metrics=outcome.metrics, timings=timings,
         )
         self._stop_dry_run_at_max_steps()
+
+    # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        self._log_greedy_pass_rate(batch, "mbpp_eval")
+
+    def test_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        self._log_greedy_pass_rate(batch, "mbpp_test")
+
+    def _log_greedy_pass_rate(self, batch: PromptBatch, prefix: str) -> None:
+        if self._judge is None:
+            from rlcode.rewards import MBPPTestsPassed
+
+            self._judge = MBPPTestsPassed(timeout=self.hparams.reward_timeout, workers=self.hparams.sandbox_workers)
+        prompts = [self.render(p) for p in batch["prompt"]]
+        rollout = self.generate(prompts, 1, temperature=0.0, seed=0)
+        columns = {name: batch[name] for name in REWARD_COLUMNS if name in batch}
+        passed = self._judge(prompts, rollout.completion_texts, **columns)
+        count = len(passed)
+        self.log(f"{prefix}/pass_rate", sum(passed) / count, batch_size=count)  # weighted mean over batches
+        self.log(f"{prefix}/problems_passed", float(sum(passed)), reduce_fx="sum", batch_size=count)
 
     def _update(self, rollout: RolloutBatch, loss_mask, advantages, old_logps, ref_logps, keep) -> dict[str, float]:
         """``num_iterations`` optimizer steps over the kept completions, micro-batched."""

@@ -79,6 +79,7 @@ class MBPPDataModule(L.LightningDataModule):
         prompts_per_step: int = 4,
         prompt_format: PromptFormat = "chat",
         seed: int = 0,
+        num_eval_tasks: int | None = None,
     ) -> None:
         """MBPP prompts for training and tasks for evaluation.
 
@@ -93,6 +94,8 @@ class MBPPDataModule(L.LightningDataModule):
             prompt_format: "chat" (instruct models: chat template) or "plain" (the MBPP paper's
                 format for base models).
             seed: seeds the per-epoch shuffle of the training prompts.
+            num_eval_tasks: first N tasks scored by ``rlcode validate`` / ``rlcode test`` (None: the
+                whole split); during ``fit`` the MBPP eval callback's ``num_questions`` applies.
         """
         super().__init__()
         if prompt_format not in PROMPT_FORMATS:
@@ -106,6 +109,7 @@ class MBPPDataModule(L.LightningDataModule):
         self.prompts_per_step = prompts_per_step
         self.prompt_format = prompt_format
         self.seed = seed
+        self.num_eval_tasks = num_eval_tasks
         self.train_tasks: list[MBPPTask] = []
         self.position = {"epoch": 0, "batch": 0}
         self._eval_tasks: list[MBPPTask] | None = None
@@ -135,6 +139,26 @@ class MBPPDataModule(L.LightningDataModule):
     def train_dataloader(self):
         # batch_size=None: the stream yields whole batches; workers=0 keeps the position in this process.
         return DataLoader(PromptStream(self), batch_size=None, num_workers=0)
+
+    def val_dataloader(self):
+        """``eval_split`` tasks for ``rlcode validate`` (fit evaluates through the MBPP eval callback)."""
+        return self._eval_loader(self.eval_tasks(self.num_eval_tasks))
+
+    def test_dataloader(self):
+        """MBPP's test split (tasks 11-510) for ``rlcode test``."""
+        from rlcode.data.mbpp import load_mbpp
+
+        tasks = load_mbpp(self.source, split="test")
+        return self._eval_loader(tasks[: self.num_eval_tasks] if self.num_eval_tasks else tasks)
+
+    def _eval_loader(self, tasks: list[MBPPTask]):
+        size = self.prompts_per_step
+        batches = []
+        for start in range(0, len(tasks), size):
+            batch = self.make_batch(tasks[start:start + size], 0, start)
+            del batch["position"]  # evaluation never moves the training stream
+            batches.append(batch)
+        return DataLoader(batches, batch_size=None, num_workers=0)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, dict) and "position" in batch:

@@ -1,0 +1,140 @@
+"""Callbacks on hand-made step records: metric names, rollout samples, plots, summary, signals, eval config."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from callbacks.mbpp_eval import NUM_QUESTIONS_ENV, MBPPEval
+from callbacks.metrics import step_line, step_metrics, successes
+from callbacks.plots import draw
+from callbacks.rollout_logging import RolloutLogging, sample_rows
+from callbacks.shutdown import GracefulShutdown
+from callbacks.summary import summarize
+from rlcode.algorithms.step_record import StepRecord
+
+
+def record(**overrides) -> StepRecord:
+    fields = dict(
+        step=3, group_size=2, task_ids=[601, 602], prompts=["p1", "p2"],
+        completions=["a1", "a2", "b1", "b2"], rewards=[1.0, -0.5, 0.5, float("nan")],
+        rewards_by_function={"execution": [1.0, -0.5, 0.5, float("nan")]},
+        details=["ok", "syntax_error", "ok", "timeout"], advantages=[0.7, -0.7, 0.0, 0.0],
+        completion_lengths=[10, 20, 30, 40], truncated=[False, False, True, True], frac_reward_zero_std=0.5,
+        updated=True, loss={"loss": 0.1, "clip_frac_region": 0.0},
+        reward_metrics={"execution/successful_predictions_count": 2.0},
+        timings={"step": 2.0, "generation": 1.5},
+    )
+    fields.update(overrides)
+    return StepRecord(**fields)
+
+
+def test_step_metrics_carry_the_seed_names_and_ignore_nan():
+    metrics = step_metrics(record())
+    assert metrics["reward/avg_batch_reward"] == pytest.approx(1.0 / 3)
+    assert metrics["reward/execution"] == pytest.approx(1.0 / 3)
+    assert metrics["reward/successful_predictions_count"] == 2.0
+    assert metrics["completions/mean_length"] == 25.0 and metrics["completions/truncated_fraction"] == 0.5
+    assert metrics["perf/tokens_per_s"] == 50.0  # 100 tokens in 2 s
+    assert metrics["loss/clip_frac_region"] == 0.0 and metrics["perf/generation_s"] == 1.5
+    assert metrics["reward/frac_reward_zero_std"] == 0.5
+
+
+def test_success_count_falls_back_to_positive_rewards():
+    assert successes(record(reward_metrics={})) == 2
+    line = step_line(record(updated=False))
+    assert line.startswith("  Step 3: reward=0.333, success=50.0% (2/4)") and line.endswith("(no update)")
+
+
+def test_rollout_samples_show_every_prompt_first(tmp_path):
+    rows = sample_rows(record(), 3)
+    assert [(r["task_id"], r["completion"]) for r in rows] == [(601, "a1"), (602, "b1"), (601, "a2")]
+    assert rows[2]["verdict"] == "syntax_error" and rows[0]["rewards"] == {"execution": 1.0}
+
+    trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), is_global_zero=True,
+                              loggers=[])
+    callback = RolloutLogging(every_n_steps=1, samples_per_step=2)
+    module = SimpleNamespace(last_step=record())
+    callback.on_train_batch_end(trainer, module, None, None, 0)
+    callback.on_train_batch_end(trainer, module, None, None, 1)
+    lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["prompt"] == "p1"
+
+
+def test_plot_is_written(tmp_path):
+    path = draw([(0, -0.5), (1, 0.0), (2, 0.25)], [{"step": 0, "pass_rate": 0.2}, {"step": 2, "pass_rate": 0.4}],
+                tmp_path / "plots" / "training.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_reports_change_and_files():
+    text = summarize(steps=6, seconds=125, rewards=[(i, float(i)) for i in range(6)],
+                     evals=[{"step": 0, "pass_rate": 0.25, "num_questions": 4},
+                            {"step": 6, "pass_rate": 0.5, "num_questions": 4, "path": "runs/x/eval/step_6.json"}],
+                     run="runs/x/version_0", checkpoint="runs/x/version_0/checkpoints/last.ckpt",
+                     plot="runs/x/version_0/plots/training.png")
+    assert "6 optimizer steps in 2m05s" in text
+    assert "first 3 step(s) +1.000 -> last 3 step(s) +4.000" in text
+    assert "0.25 at step 0 -> 0.50 at step 6" in text
+    for expected in ("runs/x/version_0", "last.ckpt", "step_6.json", "training.png"):
+        assert expected in text
+    assert "stopped by SIGINT" in summarize(1, 1, [], [], "r", None, None, interrupted="SIGINT")
+
+
+def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path):
+    saved = []
+    trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), log_dir=str(tmp_path),
+                              global_step=7, should_stop=False, save_checkpoint=saved.append)
+    callback = GracefulShutdown()
+    before = signal.getsignal(signal.SIGINT)
+    callback.on_train_start(trainer, None)
+    try:
+        callback.on_train_batch_end(trainer, None, None, None, 0)
+        assert not trainer.should_stop and not saved  # nothing happens without a signal
+        signal.raise_signal(signal.SIGINT)  # would be a KeyboardInterrupt without the callback
+        assert callback.requested == "SIGINT"
+        assert signal.getsignal(signal.SIGINT) is before  # a second Ctrl-C acts at once
+        callback.on_train_batch_end(trainer, None, None, None, 1)
+        assert trainer.should_stop and saved == [f"{tmp_path}/last.ckpt"]
+    finally:
+        callback.on_train_end(trainer, None)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_eval_question_count_comes_from_the_environment(monkeypatch):
+    callback = MBPPEval(num_questions=5)
+    monkeypatch.delenv(NUM_QUESTIONS_ENV, raising=False)
+    assert callback.effective_num_questions == 5
+    monkeypatch.setenv(NUM_QUESTIONS_ENV, "2")
+    assert callback.effective_num_questions == 2
+    monkeypatch.setenv(NUM_QUESTIONS_ENV, "two")
+    with pytest.raises(ValueError, match=NUM_QUESTIONS_ENV):
+        _ = callback.effective_num_questions
+
+
+def test_eval_schedule(monkeypatch):
+    callback = MBPPEval(every_n_steps=2, at_start=True, at_end=True)
+    calls = []
+    monkeypatch.setattr(callback, "evaluate", lambda trainer, module: calls.append(trainer.global_step)
+                        or callback.__setattr__("_last_step", trainer.global_step))
+    trainer = SimpleNamespace(global_step=0, callbacks=[callback])
+    module = SimpleNamespace(log=lambda *a, **k: None)
+    callback.on_train_start(trainer, module)
+    for step in (1, 2, 3):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, module, None, None, step)
+    callback.on_train_end(trainer, module)
+    assert calls == [0, 2, 3]
+    trainer.global_step = 4
+    callback.on_train_batch_end(trainer, module, None, None, 4)
+    callback.on_train_end(trainer, module)  # the final eval is not repeated at the same step
+    assert calls == [0, 2, 3, 4]
+
+
+def test_nan_rewards_do_not_poison_the_mean():
+    assert math.isclose(record().mean_reward, 1.0 / 3)

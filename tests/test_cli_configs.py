@@ -1,0 +1,102 @@
+"""Every YAML under configs/ parses with --print_config; the CLI's run-directory and offline rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcode import cli
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+OVERLAYS = {"tiny_test.yaml"}  # applied on top of the quickstart, not alone
+HW_OVERLAY_DIR = REPO / "configs" / "hw"
+
+
+def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
+    args = ["fit"] + [item for config in configs for item in ("--config", str(config))] + list(extra)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
+def test_every_config_parses(config, capsys):
+    base = [REPO / "configs/quickstart.yaml"] if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
+    merged = _print_config(capsys, *base, config)
+    assert merged["model"]["rewards"], "a config without rewards cannot train"
+    assert merged["checkpoint"] and merged["eval"] and merged["run"]["experiment"]
+    text = config.read_text().lower()
+    assert "api_key" not in text and "wandb_api" not in text  # secrets live in the environment / .env
+
+
+def test_overlays_apply_left_to_right(capsys):
+    merged = _print_config(capsys, REPO / "configs/quickstart.yaml", REPO / "configs/tiny_test.yaml",
+                           extra=("--model.num_generations", "3"))
+    assert merged["model"]["model_name"] == "tiny-random"  # from the overlay
+    assert merged["model"]["temperature"] == 1.0
+    assert merged["data"]["prompt_format"] == "chat"  # kept from the base
+    assert merged["model"]["num_generations"] == 3  # the command line wins
+
+
+def test_seed_recipe_matches_the_seed_project(capsys):
+    merged = _print_config(capsys, REPO / "configs/grpo_code_execution.yaml")
+    model, data, evaluation = merged["model"], merged["data"], merged["eval"]
+    assert model["model_name"] == "Qwen/Qwen2.5-1.5B" and model["rewards"] == ["execution"]
+    assert model["learning_rate"] == 2e-5 and model["num_generations"] == 2
+    assert data["prompts_per_step"] == 8 and merged["trainer"]["max_steps"] == 90
+    assert evaluation["every_n_steps"] == 20 and evaluation["num_questions"] == 5
+    assert evaluation["temperature"] == 0.2 and evaluation["timeout"] == 10.0
+
+
+def test_trainer_precision_decides_the_weight_dtype(capsys):
+    # model.precision is linked, not a second knob: it does not even appear in the printed config
+    merged = _print_config(capsys, REPO / "configs/quickstart.yaml", extra=("--trainer.precision", "bf16-true"))
+    assert "precision" not in merged["model"]
+    assert cli._weight_precision(None) == "32-true" and cli._weight_precision("bf16-true") == "bf16-true"
+
+
+def test_no_slurm_environment_in_configs():
+    for config in CONFIGS:
+        assert "SLURMEnvironment" not in config.read_text(), config
+
+
+def test_last_checkpoint_is_the_newest_version(tmp_path):
+    run = {"root_dir": str(tmp_path), "experiment": "exp"}
+    assert cli._find_last_checkpoint(run) == (None, None)  # a first (requeueable) run starts fresh
+    for version in (0, 2, 10):
+        folder = tmp_path / "exp" / f"version_{version}" / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "last.ckpt").write_bytes(b"")
+    (tmp_path / "exp" / "version_11").mkdir()  # a newer run that never saved
+    path, version = cli._find_last_checkpoint(run)
+    assert version == 10 and path.endswith("version_10/checkpoints/last.ckpt")
+
+
+def test_wandb_online_without_a_key_goes_offline(monkeypatch, capsys):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(Path("/nonexistent/netrc")))
+    monkeypatch.setattr(cli, "_has_netrc_login", lambda host: False)
+    monkeypatch.setattr(cli, "_said_offline", set())
+    assert cli._wandb_mode("online") == "offline"
+    assert cli._wandb_mode("online") == "offline"
+    assert capsys.readouterr().err.count("logging offline") == 1  # said once
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert cli._wandb_mode(None) == "disabled"
+    with pytest.raises(ValueError, match="not online, offline or disabled"):
+        cli._wandb_mode("sometimes")
+
+
+def test_unreachable_hub_switches_to_offline_once(monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(cli, "_reachable", lambda host, timeout=2.0: False)
+    monkeypatch.setattr(cli, "_said_offline", set())
+    cli._go_offline_if_hub_unreachable()
+    cli._go_offline_if_hub_unreachable()
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert capsys.readouterr().err.count("running offline") == 1
