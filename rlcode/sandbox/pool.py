@@ -88,6 +88,9 @@ class SandboxPool:
         count = workers or os.cpu_count() or 1
         self._slots = [_Slot(self, self._queue, f"sandbox-{i}") for i in range(count)]
         self._slots.append(_Slot(self, self._reference_queue, "sandbox-reference"))
+        self._completions: queue.Queue = queue.Queue()
+        self._completer = threading.Thread(target=self._complete, name="sandbox-completions", daemon=True)
+        self._completer.start()
         for slot in self._slots:
             slot.thread.start()
         log.info("sandbox pool: %d workers, isolation %s", count, self.isolation.level)
@@ -165,6 +168,8 @@ class SandboxPool:
             slot.queue.put(None)
         for slot in self._slots:
             slot.thread.join(timeout=30)
+        self._completions.put(None)
+        self._completer.join(timeout=30)
         shutil.rmtree(self._staging, ignore_errors=True)
 
     def __enter__(self) -> SandboxPool:
@@ -189,10 +194,21 @@ class SandboxPool:
             job.state = "done"
             self._jobs.pop(job.exec_id, None)
         if result is not None:
+            # Resolving runs the future's callbacks (a verdict, a reward): on the completion thread,
+            # so the slot thread can hand its worker the next execution at once. (So a callback must
+            # not block on another sandbox future: that one resolves on this same thread.)
+            self._completions.put((job, result))
+
+    def _complete(self) -> None:
+        while (item := self._completions.get()) is not None:
+            job, result = item
             log.debug("sandbox exec %s tags=%s status=%s rc=%s stdout=%dB stderr=%dB %.3fs", job.exec_id,
                       job.tags, result.status.value, result.returncode, result.stdout_bytes,
                       result.stderr_bytes, result.duration_s)
-            _resolve(job.future, result)
+            try:
+                _resolve(job.future, result)
+            except Exception:  # a callback's bug must not stop every later future
+                log.exception("sandbox: a future callback raised for %s", job.exec_id)
 
 
 class _Slot:
