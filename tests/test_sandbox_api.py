@@ -133,6 +133,24 @@ def test_tags_list_count_stop(pool):
     assert pool.submit("print('after stop')").result().stdout == "after stop\n"
 
 
+def test_stop_reaches_an_execution_queued_at_a_worker():
+    with SandboxPool(workers=1, timeout=20) as pool:
+        first = pool.submit("import time\ntime.sleep(30)", tags={"n": "1"})
+        deadline = time.monotonic() + 10
+        while pool.count()["running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = pool.submit("import time\ntime.sleep(30)", tags={"n": "2"})
+        third = pool.submit("print('third')")
+        time.sleep(0.3)  # the slot hands `queued` to its worker behind `first`
+        assert pool.count() == {"running": 1, "pending": 2}
+        assert len(pool._slots[0].inflight) == 2  # really queued at the worker, not in the pool
+        assert pool.stop({"n": "2"}) == 1
+        assert queued.result(timeout=5).status is Status.CANCELLED
+        assert pool.stop({"n": "1"}) == 1
+        assert first.result(timeout=10).status is Status.CANCELLED
+        assert third.result(timeout=10).stdout == "third\n"  # the worker skipped the stopped one
+
+
 def test_pool_tags_are_merged(pool):
     result = pool.submit("pass", tags={"k": "v"}).result()
     assert result.tags == {"k": "v"}

@@ -140,7 +140,7 @@ class Worker:
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
-        self.early_kills: set = set()
+        self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -180,7 +180,7 @@ class Worker:
                 return
             message = json.loads(line)
             if message.get("op") == "kill":  # for a finished execution, or one not started yet
-                self.early_kills = (self.early_kills | {message.get("id")}) if len(self.early_kills) < 64 else set()
+                self._remember_kill(message.get("id"))
                 continue
             try:
                 if message["id"] in self.early_kills:
@@ -292,6 +292,11 @@ class Worker:
             return "cancelled"
         return self._scan_control(exec_id)
 
+    def _remember_kill(self, exec_id) -> None:
+        self.early_kills[exec_id] = True
+        while len(self.early_kills) > 1024:
+            del self.early_kills[next(iter(self.early_kills))]
+
     def _scan_control(self, exec_id):
         reason = None
         pending = []
@@ -299,9 +304,11 @@ class Worker:
             message = json.loads(line)
             if message.get("op") == "kill" and message.get("id") == exec_id:
                 reason = "cancelled"
+            elif message.get("op") == "kill":  # for a queued execution (the parent pipelines two)
+                self._remember_kill(message.get("id"))
             elif message.get("op") == "run":
                 pending.append(line)
-        if pending:  # not expected (one request at a time), but never drop a request
+        if pending:  # queued executions stay queued, in order
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason
 

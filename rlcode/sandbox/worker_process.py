@@ -54,11 +54,19 @@ class WorkerProcess:
 
     def run(self, request: dict, deadline: float) -> dict:
         """Send one execution and wait for its result until ``deadline`` (time.monotonic())."""
+        self.send(request)
+        return self.receive(request["id"], deadline)
+
+    def send(self, request: dict) -> None:
+        """Queue one execution; the worker runs them in order (see receive)."""
         self._send(request)
         self.executions += 1
+
+    def receive(self, exec_id: str, deadline: float) -> dict:
+        """The result of ``exec_id``, the oldest execution sent and not yet received."""
         while True:
             message = self._read_message(deadline)
-            if message.get("op") == "result" and message.get("id") == request["id"]:
+            if message.get("op") == "result" and message.get("id") == exec_id:
                 return message
 
     def kill_execution(self, exec_id: str) -> None:
