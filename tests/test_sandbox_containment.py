@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlcode.sandbox import SandboxPool, Status
+from rlcode.sandbox import SandboxPool, Status, detect_isolation
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = ["bwrap", "process"]
@@ -276,7 +276,7 @@ from rlcode.sandbox import SandboxPool
 pool = SandboxPool(workers=2, timeout=120, isolation=sys.argv[1])
 for _ in range(2):
     pool.submit(sys.argv[2])
-print("submitted", flush=True)
+print(pool._staging, flush=True)
 time.sleep(300)
 """
 
@@ -295,6 +295,8 @@ def test_parent_sigkill_leaves_nothing(level):
         assert len(_with_marker(marker)) == 2, "the sleepers never started"
         tree = psutil.Process(parent.pid).children(recursive=True)
         assert tree
+        staging = parent.stdout.readline().decode().strip()
+        assert os.path.isdir(staging)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
     finally:
@@ -311,3 +313,5 @@ def test_parent_sigkill_leaves_nothing(level):
                 pass
         return alive
     assert _eventually_none(survivors, 10) == []
+    detect_isolation()  # the next pool start removes the files of a parent that was killed
+    assert not os.path.exists(staging)

@@ -57,15 +57,34 @@ def base_interpreter() -> tuple[str, str]:
     return executable, os.path.realpath(sys.base_prefix)
 
 
+STAGING_PREFIX = "rlcode-sandbox-"
+OWNER_FILE = "owner.pid"
+
+
 def stage_worker_files(seccomp_bpf: bytes | None) -> str:
     """Copy the worker's files into a private directory (0700, root's when we are root)."""
-    staging = tempfile.mkdtemp(prefix="rlcode-sandbox-")
+    _remove_orphaned_stagings()
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX)
+    (Path(staging) / OWNER_FILE).write_text(str(os.getpid()))
     here = Path(__file__).parent
     for name in WORKER_FILES:
         shutil.copyfile(here / name, Path(staging) / name)
     if seccomp_bpf is not None:
         (Path(staging) / SECCOMP_FILE).write_bytes(seccomp_bpf)
     return staging
+
+
+def _remove_orphaned_stagings() -> None:
+    """A parent killed with SIGKILL leaves its staging directory (its processes die with it):
+    remove those whose owner is gone."""
+    for path in Path(tempfile.gettempdir()).glob(STAGING_PREFIX + "*"):
+        try:
+            owner = int((path / OWNER_FILE).read_text())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            pass  # not ours to judge (no owner file yet, or another user's)
 
 
 def sandbox_env(prefix: str) -> dict[str, str]:
