@@ -221,3 +221,85 @@ def test_top_p_shortcut_uses_the_full_distribution(monkeypatch):
     probabilities = torch.softmax(logits[0], -1)
     expected = torch.tensor([0.0, probabilities[1], probabilities[2], 0.0]) / (probabilities[1] + probabilities[2])
     torch.testing.assert_close(counts, expected, atol=0.01, rtol=0)
+
+
+class _StandInVLLM:
+    """Enough of vllm's offline API to check the backend's mapping (vllm itself needs CUDA)."""
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def get_tokenizer(self):
+            return load_tokenizer("tiny-random")
+
+        def generate(self, prompts, sampling_params, use_tqdm):
+            from types import SimpleNamespace as Output
+
+            self.sampling_params = sampling_params
+            requests = []
+            for number, prompt in enumerate(prompts):
+                samples = [
+                    Output(index=index, token_ids=[10 + index] * (index + 1) + ([2] if index == 0 else []),
+                           text=f"p{number}s{index}", finish_reason="stop" if index == 0 else "length")
+                    for index in reversed(range(sampling_params.n))  # out of order on purpose
+                ]
+                requests.append(Output(prompt_token_ids=list(range(number + 2)), outputs=samples))
+            return requests
+
+
+def test_vllm_backend_maps_params_and_outputs(monkeypatch):
+    import sys
+
+    import rlcode.rollout.assembly as assembly
+    from rlcode.rollout import VLLMBackend
+
+    monkeypatch.setitem(sys.modules, "vllm", _StandInVLLM)
+    real_builder = assembly.batch_from_token_lists
+    monkeypatch.setattr(
+        "rlcode.rollout.vllm_backend.batch_from_token_lists",
+        lambda *args, device: real_builder(*args, device="cpu"),  # no CUDA here
+    )
+    backend = VLLMBackend("some/model")
+    batch = backend.generate(["a", "b"], 3, SamplingParams(temperature=0.7, top_k=0, max_new_tokens=5, stop=["```"], seed=3))
+    sent = backend.llm.sampling_params
+    assert (sent.n, sent.temperature, sent.top_k, sent.max_tokens, sent.stop, sent.seed) == (3, 0.7, -1, 5, ["```"], 3)
+    assert sent.include_stop_str_in_output
+    assert batch.completion_texts == ["p0s0", "p0s1", "p0s2", "p1s0", "p1s1", "p1s2"]
+    assert batch.truncated.tolist() == [False, True, True] * 2
+    assert batch.completion_mask.sum(-1).tolist() == [2, 2, 3] * 2
+    assert batch.completion_ids[0].tolist() == [10, 2, 0]  # right-padded with the pad id
+    assert batch.prompt_ids[3].tolist() == [0, 1, 2] and batch.prompt_mask[0].tolist() == [0, 1, 1]
+
+
+def test_vllm_backend_without_vllm_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from rlcode.rollout import VLLMBackend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="rlcode\\[vllm\\]"):
+        VLLMBackend("some/model")
+
+
+def test_weights_sent_to_vllm_are_the_lora_policy_merged(tokenizer):
+    from rlcode.models import LoraSettings
+    from rlcode.rollout.vllm_backend import _merged_state_dict
+
+    policy = load_model("tiny-random", lora=LoraSettings(r=4, dropout=0.0)).eval()
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.05)
+    merged = _merged_state_dict(policy)
+    plain = load_model("tiny-random").eval()
+    assert merged.keys() == plain.state_dict().keys()
+    plain.load_state_dict(merged)
+    inputs = tokenizer(["def add(a, b):"], return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**inputs).logits, policy(**inputs).logits, atol=1e-4, rtol=1e-4)
+        assert not any(getattr(module, "merged", False) for module in policy.modules())  # unmerged again

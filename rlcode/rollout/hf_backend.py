@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.sampling import next_tokens
 from rlcode.rollout.stop_strings import StopStringMatcher
@@ -127,24 +128,19 @@ class HFGenerateBackend:
         return result
 
     def _assemble(self, encoded, group: int, decoded: _Decoded, stop: StopStringMatcher) -> RolloutBatch:
-        device = decoded.completion_ids.device
-        width = int(decoded.lengths.max())  # drop columns that are padding in every row
-        steps = torch.arange(width).unsqueeze(0)
-        completion_mask = (steps < decoded.lengths.unsqueeze(1)).to(device=device, dtype=torch.long)  # [N, T]
-        completion_ids = decoded.completion_ids[:, :width].masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
-        texts = self.tokenizer.batch_decode(
-            [ids[:length] for ids, length in zip(completion_ids.tolist(), decoded.lengths.tolist())],
-            skip_special_tokens=True,
-        )
+        prompts = [
+            ids[mask.bool()].tolist() for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"])
+        ]
+        completions = [ids[:length] for ids, length in zip(decoded.completion_ids.tolist(), decoded.lengths.tolist())]
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         texts = [stop.cut(text) if hit else text for text, hit in zip(texts, decoded.stopped_by_string.tolist())]
-        return RolloutBatch(
-            prompt_ids=encoded["input_ids"].repeat_interleave(group, dim=0),
-            prompt_mask=encoded["attention_mask"].repeat_interleave(group, dim=0),
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
+        return batch_from_token_lists(
+            prompt_ids=[prompt for prompt in prompts for _ in range(group)],
+            completion_ids=completions,
+            ended=decoded.ended.tolist(),
             completion_texts=texts,
-            truncated=(~decoded.ended).to(device),
-            num_generated_tokens=int(completion_mask.sum()),
+            pad_token_id=self.tokenizer.pad_token_id,
+            device=decoded.completion_ids.device,
         )
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int):
