@@ -196,6 +196,27 @@ def test_filesystem(pool):
         assert "VISIBLE" not in hidden.stdout and "ALLOWED" not in hidden.stdout, hidden.stdout
 
 
+def test_child_cannot_reach_the_worker(pool):
+    result = _run(pool, """
+        import os, signal
+        written = 0
+        for fd in range(4, 1024):  # the worker's protocol pipes, if they leaked
+            try:
+                os.write(fd, b'{"op":"result","id":"forged","status":"ok"}\\n')
+                written += 1
+            except OSError:
+                pass
+        print("written", written)
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process this uid can signal (none: alone in its namespace)
+        except ProcessLookupError:
+            pass
+        print("survived")
+    """)
+    assert result.status is Status.OK and result.stdout == "written 0\nsurvived\n", result
+    assert _run(pool, "print('worker fine')").stdout == "worker fine\n"
+
+
 def test_temp_dir_is_private_and_deleted(pool):
     first = _run(pool, "import os; open('left.txt', 'w').write('x'); print(os.getcwd())")
     second = _run(pool, f"import os; print(os.path.exists({first.stdout.strip()!r} + '/left.txt'))")
