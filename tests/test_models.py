@@ -194,3 +194,17 @@ def test_tiny_model_with_the_smollm2_vocabulary():
     model = load_model("tiny-random-49k")
     assert len(tokenizer) == model.config.vocab_size == 49152
     assert model.config.num_hidden_layers == 2 and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_light_imports_do_not_pull_in_torch():
+    # rlcode-eval and the reward code import these packages; torch costs seconds to import.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rlcode.models, rlcode.rollout, rlcode.platform\n"
+        "from rlcode.rollout import render_prompt, SamplingParams\n"
+        "print(sorted(name for name in ('torch', 'transformers', 'peft') if name in sys.modules))"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert output.strip() == "[]"
