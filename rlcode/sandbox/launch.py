@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKER_FILES = ("worker_main.py", "child_harness.py", "plain_data.py")
+WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_data.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID

@@ -35,6 +35,8 @@ for _name in PREIMPORTS:
 # -I leaves the script's directory off sys.path; our two sibling modules live there.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
+import outcome  # noqa: E402
+import process_tree  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -76,28 +78,6 @@ class LineReader:
             self.fill()
 
 
-class Capped:
-    """Keeps the first `cap` bytes of a stream and counts the rest without storing it."""
-
-    def __init__(self, cap: int):
-        self.cap, self.chunks, self.kept, self.total = cap, [], 0, 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.cap - self.kept
-        if room > 0:
-            piece = data[:room]
-            self.chunks.append(piece)
-            self.kept += len(piece)
-
-    def value(self) -> bytes:
-        return b"".join(self.chunks)
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.kept
-
-
 def _write_line(fd: int, obj) -> None:
     view = memoryview(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
     while view:
@@ -135,7 +115,7 @@ class Worker:
         # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
         # the namespace's count) with what already runs, e.g. the trainer's threads: count them
         # once and allow that many more NPROC_SLACK for their growth.
-        self.nproc_base = 0 if self.is_root else _tasks_of_uid(os.getuid()) + NPROC_SLACK
+        self.nproc_base = 0 if self.is_root else process_tree.tasks_of_uid(os.getuid()) + NPROC_SLACK
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
@@ -169,7 +149,8 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
-                "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable, "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
+                "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
+                "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
 
     def serve(self) -> None:
@@ -246,7 +227,8 @@ class Worker:
 
     def _supervise(self, pid, request, started, timeout, out_r, err_r, val_r) -> dict:
         cap = int(request.get("max_output_bytes") or self.config["max_output_bytes"])
-        streams = {out_r: Capped(cap), err_r: Capped(cap), val_r: Capped(int(self.config["max_values_bytes"]))}
+        values_cap = int(self.config["max_values_bytes"])
+        streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: outcome.Capped(values_cap)}
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
         for fd in (*streams, pidfd, self.control.fd):
@@ -276,11 +258,11 @@ class Worker:
         duration = time.monotonic() - started
         os.close(pidfd)
         if self.own_pidns is None:
-            self._kill_descendants(pid)
+            process_tree.kill_descendants(pid)
         for fd, stream in streams.items():  # whatever is still buffered; writers are all gone
             _drain(fd, stream)
             os.close(fd)
-        return _result(wait_status, reason, streams[out_r], streams[err_r], streams[val_r], duration)
+        return outcome.outcome(wait_status, reason, streams[out_r], streams[err_r], streams[val_r], duration)
 
     def _read_control(self, exec_id):
         try:
@@ -312,31 +294,6 @@ class Worker:
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason
 
-    def _kill_descendants(self, pid: int) -> None:
-        """Without a PID namespace: kill the child's process group until it is empty (a fork bomb's
-        new members are caught by the kernel's fork-vs-signal check), then, as subreaper, every
-        orphan that left the group (setsid) and was reparented to us, until we have no children."""
-        for _ in range(100):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                break
-            _reap_all()
-        for _ in range(200):
-            children = _children_of(os.getpid())
-            if not children:
-                break
-            for child in children:
-                for kill in (os.killpg, os.kill):  # its whole group first, if it leads one
-                    try:
-                        kill(child, signal.SIGKILL)
-                    except OSError:
-                        pass
-            _reap_all()
-            time.sleep(0.001)
-        _reap_all()
-
-
 def _expose_to_sandbox_user(path: str) -> bool:
     """Without bwrap, a root worker's children drop to uid 65534, which cannot enter a python
     prefix under a 0700 directory (pyenv in /root): only modules imported before the fork would
@@ -365,49 +322,7 @@ def _expose_to_sandbox_user(path: str) -> bool:
     return True
 
 
-def _result(wait_status, reason, out, err, values, duration) -> dict:
-    returncode = os.waitstatus_to_exitcode(wait_status)
-    status_line = None
-    probe_lines = []
-    for raw in values.value().split(b"\n"):
-        if raw.startswith(b'{"s":'):
-            status_line = raw
-        elif raw:
-            probe_lines.append(raw.decode("utf-8", "replace"))
-    reported, error_type = None, None
-    if status_line is not None:
-        try:
-            parsed = json.loads(status_line)
-            reported, error_type = parsed.get("s"), parsed.get("e")
-        except ValueError:
-            pass
-    if reason is not None:
-        status = reason
-    elif reported == "confine_failed":
-        status = "internal_error"
-    elif returncode < 0:
-        signum = -returncode
-        stderr_text = err.value()[-2000:]
-        if signum == signal.SIGXCPU:
-            status = "timeout"
-        elif b"MemoryError" in stderr_text or b"Cannot allocate memory" in stderr_text:
-            status = "memory"
-        else:
-            status = "killed"
-    elif reported in ("ok", "error", "syntax_error", "memory") and (reported != "ok" or returncode == 0):
-        status = reported
-    else:
-        status = "ok" if returncode == 0 else "error"
-    return {
-        "status": status, "returncode": returncode, "error_type": error_type if status != "ok" else None,
-        "stdout": out.value().decode("utf-8", "replace"), "stderr": err.value().decode("utf-8", "replace"),
-        "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
-        "stdout_bytes": out.total, "stderr_bytes": err.total,
-        "probe_lines": probe_lines, "probe_lines_truncated": values.truncated, "duration_s": duration,
-    }
-
-
-def _drain(fd: int, stream: Capped) -> None:
+def _drain(fd: int, stream) -> None:
     os.set_blocking(fd, False)
     while True:
         try:
@@ -417,49 +332,6 @@ def _drain(fd: int, stream: Capped) -> None:
         if not data:
             return
         stream.add(data)
-
-
-def _children_of(parent: int) -> list:
-    try:
-        with open(f"/proc/{parent}/task/{parent}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent:
-                    found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return found
-
-
-def _tasks_of_uid(uid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-                if int(fields["Uid"].split()[0]) == uid:
-                    count += int(fields.get("Threads", "1"))
-            except (OSError, KeyError, ValueError):
-                pass
-    return count
-
-
-def _reap_all() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _remove_tree(path: str) -> None:
