@@ -72,6 +72,8 @@ class SandboxPool:
             max_processes: RLIMIT_NPROC (processes + threads of uid 65534, across all workers).
             recycle_after: restart a worker after this many executions (defence in depth).
         """
+        if workers is not None and workers < 1:
+            raise ValueError(f"SandboxPool needs workers >= 1 (or None for one per core), got {workers}")
         if timeout <= 0 or memory_mb < 64 or max_output_bytes < 0:
             raise ValueError("SandboxPool needs timeout > 0, memory_mb >= 64 and max_output_bytes >= 0")
         self.timeout = float(timeout)
