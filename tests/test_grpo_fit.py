@@ -76,8 +76,8 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
 
 def test_dry_run_generates_and_scores_but_never_updates(tmp_path, capsys):
     run = fit(tmp_path, "--model.dry_run", "true", "--eval.at_start", "false", "--eval.at_end", "false")
-    assert {row["step"] for row in rollout_rows(run)} == {0}  # no optimizer step: the step count stays 0
-    assert capsys.readouterr().out.count("(no update)") == 2  # yet it stopped after max_steps batches
+    assert {row["step"] for row in rollout_rows(run)} == {0, 1}  # steps are counted (max_steps ends it)
+    assert capsys.readouterr().out.count("(no update)") == 2
     trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
     assert all(torch.equal(trained[k], start[k]) for k in start)
 
@@ -115,10 +115,12 @@ def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, cap
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers restored, not left pointing at the run
 
 
-def test_zero_variance_groups_leave_the_weights_alone(tmp_path):
-    run = fit(tmp_path, "--model.rewards", "[execution]", "--eval.at_start", "false", "--eval.at_end", "false")
+def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys):
+    run = fit(tmp_path, "--model.rewards", "[execution]", "--model.filter_zero_std_groups", "true",
+              "--eval.at_start", "false", "--eval.at_end", "false")
     rows = rollout_rows(run)
     assert {row["reward"] for row in rows} == {-0.5}  # every completion of the random model is a syntax error
+    assert capsys.readouterr().out.count("(no update)") == 2  # nothing left to learn from, yet max_steps ends it
     trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
     assert all(torch.equal(trained[k], start[k]) for k in start)
 

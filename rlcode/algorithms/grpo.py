@@ -111,7 +111,8 @@ class GRPO(L.LightningModule):
             filter_zero_std_groups: skip groups whose rewards are all equal (no signal) in the loss.
             mask_truncated_completions: leave completions that hit max_new_tokens out of the loss.
             max_grad_norm: clip the gradient norm before each optimizer step (None: no clipping).
-            dry_run: generate and score, but never update the weights (checks a setup end to end).
+            dry_run: generate and score, but never update the weights (checks a setup end to end;
+                steps are still counted, so max_steps ends it).
         """
         super().__init__()
         if num_generations < 2 and scale_rewards == "group":
@@ -129,7 +130,6 @@ class GRPO(L.LightningModule):
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
         self._judge = None  # MBPP all-tests reward, for validate/test
-        self._batches_seen = 0
 
     # ---- building (lazily, once) ------------------------------------------------------------
     def configure_model(self) -> None:
@@ -186,7 +186,7 @@ class GRPO(L.LightningModule):
     # ---- one GRPO iteration -----------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         hp, timings = self.hparams, {}
-        step_started = time.perf_counter()
+        step, step_started = self.global_step, time.perf_counter()
         group = hp.num_generations
         prompts = [self.render(p) for p in batch["prompt"]]
 
@@ -217,18 +217,19 @@ class GRPO(L.LightningModule):
 
         with _timed(timings, "update"):
             loss_parts = self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep) if update else {}
+        if not update:
+            self._step_without_update()
 
         timings["step"] = time.perf_counter() - step_started
         timings["rewards"] = outcome.seconds
         self.last_step = StepRecord(
-            step=self.global_step - (hp.num_iterations if update else 0), group_size=group,
+            step=step, group_size=group,
             task_ids=list(batch["task_id"]), prompts=prompts, completions=list(rollout.completion_texts),
             rewards=outcome.total, rewards_by_function=outcome.by_function, details=outcome.details,
             advantages=advantages.tolist(), completion_lengths=rollout.completion_mask.sum(1).long().tolist(),
             truncated=rollout.truncated.tolist(), frac_reward_zero_std=float(stats.frac_reward_zero_std),
             updated=update, loss=loss_parts, reward_metrics=outcome.metrics, timings=timings,
         )
-        self._stop_dry_run_at_max_steps()
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -332,13 +333,15 @@ class GRPO(L.LightningModule):
     def _sampling_seed(self) -> int:
         return (self.hparams.generation_seed * 1_000_003 + self.global_step) * 1009 + self.global_rank
 
-    def _stop_dry_run_at_max_steps(self) -> None:
-        # A dry run never steps the optimizer, so trainer.max_steps (counted in optimizer steps)
-        # would never end it: count batches instead.
-        self._batches_seen += 1
-        max_steps = self.trainer.max_steps if self._trainer is not None else -1
-        if self.hparams.dry_run and max_steps is not None and 0 < max_steps <= self._batches_seen:
-            self.trainer.should_stop = True
+    def _step_without_update(self) -> None:
+        """Count a step that changes nothing (dry run, or every group filtered out).
+
+        Lightning counts optimizer steps: max_steps, checkpoints and evals follow that count. With
+        every gradient None, AdamW skips every parameter, so weights and moments stay untouched.
+        """
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
