@@ -44,6 +44,7 @@ CLONE_NEWIPC = 0x08000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
+KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_process.py)
 NPROC_SLACK = 256  # non-root only: room for the trainer's own processes and threads to grow
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -283,13 +284,14 @@ class Worker:
         reason = None
         pending = []
         while (line := self.control.pop()) is not None:
-            message = json.loads(line)
-            if message.get("op") == "kill" and message.get("id") == exec_id:
-                reason = "cancelled"
-            elif message.get("op") == "kill":  # for a queued execution (the parent pipelines two)
-                self._remember_kill(message.get("id"))
-            elif message.get("op") == "run":
+            if not line.startswith(KILL_PREFIX):  # a queued run: left for serve() to parse, once
                 pending.append(line)
+                continue
+            killed = json.loads(line).get("id")
+            if killed == exec_id:
+                reason = "cancelled"
+            else:  # for a queued execution (the parent pipelines two)
+                self._remember_kill(killed)
         if pending:  # queued executions stay queued, in order
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason

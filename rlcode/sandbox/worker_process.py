@@ -70,6 +70,7 @@ class WorkerProcess:
                 return message
 
     def kill_execution(self, exec_id: str) -> None:
+        # Serialised as '{"op":"kill",...': the worker recognises kills by that prefix.
         try:
             self._send({"op": "kill", "id": exec_id})
         except WorkerFailure:
