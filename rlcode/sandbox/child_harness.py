@@ -50,6 +50,9 @@ _format_exception_only = traceback.format_exception_only
 _print_exception = traceback.print_exception
 _run_exitfuncs = atexit._run_exitfuncs
 _libc = ctypes.CDLL(None, use_errno=True)
+# Resolved here, in the worker: a first attribute lookup in each child would build the function
+# objects there (and pay their copy-on-write faults) every time.
+_prctl_fn, _capset, _unshare, _mount = _libc.prctl, _libc.capset, _libc.unshare, _libc.mount
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -70,7 +73,7 @@ class SeccompProgram:
         self._prog = _SockFprog(len(bpf) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
 
     def load(self) -> None:
-        if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog),
+        if _prctl_fn(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog),
                        ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
@@ -83,7 +86,7 @@ _ULONGS = {value: ctypes.c_ulong(value) for value in (0, 1, int(signal.SIGKILL))
 
 
 def _prctl(option: int, value: int) -> None:
-    if _libc.prctl(option, _ULONGS.get(value) or ctypes.c_ulong(value), _ZERO, _ZERO, _ZERO) != 0:
+    if _prctl_fn(option, _ULONGS.get(value) or ctypes.c_ulong(value), _ZERO, _ZERO, _ZERO) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
@@ -101,7 +104,7 @@ _NO_CAPABILITIES = _CapData()
 def _clear_capabilities() -> None:
     """setuid() to 65534 already emptied the permitted and effective sets; bwrap's --cap-add also
     fills the inheritable set, which we empty too so no capability can come back, even by exec."""
-    if _libc.capset(ctypes.byref(_CAP_HEADER), ctypes.byref(_NO_CAPABILITIES)) != 0:
+    if _capset(ctypes.byref(_CAP_HEADER), ctypes.byref(_NO_CAPABILITIES)) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
@@ -113,12 +116,12 @@ def _private_mounts() -> None:
     Best effort: without it the other layers still hold."""
     if os.getpid() != 1 or os.geteuid() != 0:
         return
-    if _libc.unshare(CLONE_NEWNS) != 0:
+    if _unshare(CLONE_NEWNS) != 0:
         return
-    if _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) == 0:
+    if _mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) == 0:
         flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        _libc.mount(b"proc", b"/proc", b"proc", flags, None)
-        _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"mode=1777,size=64m")
+        _mount(b"proc", b"/proc", b"proc", flags, None)
+        _mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"mode=1777,size=64m")
 
 
 class Confinement:
@@ -224,6 +227,9 @@ def _new_stdio() -> tuple:
 # Built once in the worker, never used there: each child inherits pristine, empty streams on the
 # fds it has just pointed at its own pipes (the worker's sys.std* wrap its protocol pipes).
 _CHILD_STDIO = _new_stdio()
+# The worker's own streams, kept referenced so that replacing them in a child does not deallocate
+# (and flush) them there: that cost ~90 copy-on-write faults per execution.
+_WORKER_STDIO = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
 
 
 def _fresh_stdio() -> None:
@@ -243,7 +249,6 @@ def run(code: str, setup: str, probes) -> None:
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the worker ignores Ctrl-C; programs do not
     scope = main.__dict__
     linecache.cache["<candidate>"] = (len(code), None, code.splitlines(True), "<candidate>")  # tracebacks show lines
     try:

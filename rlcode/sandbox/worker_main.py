@@ -375,7 +375,6 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    sys.stdout = open(os.devnull, "w")
     reader = LineReader(proto_in)
     config_line = reader.read_line()
     if config_line is None:
@@ -390,5 +389,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the trainer, which closes us
+    # SIGINT keeps Python's default handler (programs expect KeyboardInterrupt): Ctrl-C never
+    # reaches us anyway, the parent starts us in a session of our own.
     main()
