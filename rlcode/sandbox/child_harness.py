@@ -245,7 +245,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.modules["__main__"] = main
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
-    for name in ("plain_data", "child_harness", "worker_main"):
+    for name in ("plain_data", "child_harness", "worker_main", "outcome", "process_tree"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]
