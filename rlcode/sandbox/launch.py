@@ -131,9 +131,11 @@ def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[st
             args += ["--ro-bind", path, path]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
-    for path in sorted({prefix, os.path.dirname(executable)}):
-        if not _covered(path):
+    bound = ["/usr"]
+    for path in sorted({prefix, os.path.dirname(executable)}):  # a parent sorts before its children
+        if not _covered(path, bound):
             args += _parents_0755(path) + ["--ro-bind", path, path]
+            bound.append(path)
     args += ["--ro-bind", staging, WORKER_DIR_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc",
              "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
              "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
@@ -143,8 +145,8 @@ def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[st
     return args + ["--chdir", "/tmp"]
 
 
-def _covered(path: str) -> bool:
-    return any(path == root or path.startswith(root + "/") for root in ("/usr",))
+def _covered(path: str, bound: list[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in bound)
 
 
 def _parents_0755(path: str) -> list[str]:
