@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.sandbox.asserts import (MISSING, AssertParseError, bound_names, called_function_name,
-                                    evaluate_plan, plan_assert)
+from rlcode.sandbox.asserts import (MISSING, AssertParseError, bound_names, bound_names_among,
+                                    called_function_name, evaluate_plan, overridable_names,
+                                    plan_assert)
 from rlcode.sandbox.plain_data import Opaque
 
 MBPP_DIR = Path(os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")).parent
@@ -115,6 +116,16 @@ def test_bound_names():
     assert bound_names("def (") == frozenset()
 
 
+def test_program_bindings_are_read_only_for_builtin_and_stdlib_names_the_tests_use():
+    tests = ["assert sum(f(1), 2) == len([1])", "assert size(1) == sys.getsizeof(1)", "assert ("]
+    assert overridable_names(tests) == {"sum", "len", "sys"}
+    code = "def f(x): return x\ndef sum(a, b): return a\nimport os as sys\nlen = 3"
+    assert bound_names_among(code, overridable_names(tests)) == {"sum", "sys", "len"}
+    assert bound_names_among("def f(x): return len(x)", frozenset({"len"})) == frozenset()
+    # a non-ASCII program may spell a name in a form NFKC folds into it: always parsed
+    assert bound_names_among("def ｓｕｍ(a, b): return a", frozenset({"sum"})) == {"sum"}
+
+
 def test_not_an_assert_is_rejected():
     with pytest.raises(AssertParseError):
         plan_assert("print(1)")
@@ -147,3 +158,39 @@ def test_every_mbpp_assert_splits_with_expected_values_in_the_parent():
                         if index is not None and not plan.probes[index].reference:
                             assert all(n is not expected for n in ast.walk(node)), test
     assert asserts == 4262 and fallbacks == 12 and reference == 6
+
+
+def _probe_trees_match(plan) -> bool:
+    """Each probe's source parses back to exactly the subtree it stands for."""
+    for node in ast.walk(plan.expression):
+        index = plan.probe_of_node.get(id(node))
+        if index is None:
+            continue
+        source = plan.probes[index].source
+        tree = ast.parse(source, mode="eval").body
+        if source.startswith("(not not (") and source.endswith("))"):
+            tree = tree.operand.operand
+        if ast.dump(tree) != ast.dump(node):
+            return False
+    return True
+
+
+def test_probe_sources_parse_back_to_their_subtree():
+    # Probes are cut from the test's own text where that is exact; other shapes are unparsed.
+    for test in ("assert f(1, 'é') == 2", "assert (f\n(1)) == 2", "assert f(1,\n  2) == 3",
+                 "assert [*f(1), 2] == [1, 2]", "assert g(x)[1:2] == 'a'  # comment",
+                 "  assert f(1) == 1", "assert ﬁ(1) == 2"):
+        plan = plan_assert(test, frozenset({"f", "g", "x", "fi"}))
+        assert plan.probes and _probe_trees_match(plan), test
+    assert _sources(plan_assert("assert ﬁ(1) == 2", frozenset({"fi"}))) == ["ﬁ(1)"]
+
+
+@pytest.mark.skipif(not (MBPP_DIR / "mbpp.jsonl").is_file(), reason="MBPP data not found")
+def test_every_mbpp_probe_parses_back_to_its_subtree():
+    from rlcode.data import load_mbpp
+
+    for variant in ("full", "sanitized"):
+        for task in load_mbpp(MBPP_DIR, "all", variant=variant):
+            names = bound_names(task.code) | bound_names(task.test_setup_code)
+            for test in task.test_list + task.challenge_test_list:
+                assert _probe_trees_match(plan_assert(test, names)), test

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -39,14 +40,16 @@ from rlcode.sandbox.plain_eval import (MATH_CONSTANTS, MISSING, SAFE_FUNCTIONS, 
                                       SAFE_METHODS, EvalFailure, Outcome, evaluate_plan)
 
 __all__ = ["MISSING", "AssertParseError", "AssertPlan", "EvalFailure", "Outcome", "Probe",
-           "bound_names", "called_function_name", "called_function_names", "evaluate_plan",
-           "parse_assert", "plan_assert"]
+           "bound_names", "bound_names_among", "called_function_name", "called_function_names", "evaluate_plan",
+           "overridable_names", "parse_assert", "plan_assert"]
 
 # Nodes whose value is not data (a function, an iterator): a parent call cannot take them as
 # arguments, so the whole enclosing expression goes to the child instead.
 _NOT_DATA = (ast.Lambda, ast.GeneratorExp, ast.Starred)
 _STDLIB = frozenset(sys.stdlib_module_names)
 _BUILTIN_NAMES = frozenset(dir(builtins))
+_OVERRIDABLE = _BUILTIN_NAMES | _STDLIB
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class AssertParseError(ValueError):
@@ -160,30 +163,93 @@ def plan_assert(test: str, candidate_names: frozenset[str] = frozenset()) -> Ass
 
 @functools.lru_cache(maxsize=8192)
 def _parse_cached(test: str) -> tuple[ast.expr, frozenset[str]]:
+    """The assert's expression and the builtin / stdlib names it may use: the only names through
+    which a program's bindings change a plan (see :func:`plan_assert`).
+
+    The name set is a superset: it only ever meets ``candidate_names & ...`` and is then tested
+    against real Name ids, so extra identifiers (attributes, words in strings) change nothing. For
+    ASCII text a regex over the source finds every Name id (NFKC is the identity there) far cheaper
+    than walking the tree; other text may spell a name in a form NFKC changes, so it gets the walk."""
     expression = parse_assert(test)
-    return expression, frozenset(n.id for n in ast.walk(expression) if isinstance(n, ast.Name))
+    names = _IDENTIFIER.findall(test) if test.isascii() else _names_in(expression)
+    return expression, _OVERRIDABLE.intersection(names)
+
+
+def overridable_names(tests) -> frozenset[str]:
+    """Builtin and stdlib names the tests use (unparsable tests add none): a program's bindings
+    matter to :func:`plan_assert` only through these."""
+    names: set[str] = set()
+    for test in tests:
+        try:
+            names |= _parse_cached(test)[1]
+        except AssertParseError:
+            pass
+    return frozenset(names)
+
+
+def bound_names_among(code: str, names: frozenset[str]) -> frozenset[str]:
+    """``bound_names(code) & names``, without parsing ``code`` when it cannot bind any of them: an
+    ASCII program that never spells a name cannot bind it (other text may spell it in a form NFKC
+    changes, so it is always parsed)."""
+    if not names or (code.isascii() and not any(name in code for name in names)):
+        return frozenset()
+    return bound_names(code) & names
 
 
 @functools.lru_cache(maxsize=8192)
 def _plan_cached(test: str, overrides: frozenset[str]) -> AssertPlan:
     expression, _ = _parse_cached(test)
     plan = AssertPlan(test=test, expression=expression)
-    _Splitter(plan, overrides).visit(expression, truth=True, expected=False)
+    _Splitter(plan, overrides, test.strip()).visit(expression, truth=True, expected=False)
     return plan
 
 
+def _names_in(node: ast.AST) -> set[str]:
+    """Every Name id under ``node`` (what ``ast.walk`` finds), skipping constants cheaply: expected
+    sides are mostly long literal lists."""
+    names, pending = set(), [node]
+    while pending:
+        current = pending.pop()
+        kind = type(current)
+        if kind is ast.Name:
+            names.add(current.id)
+        elif kind is not ast.Constant:
+            for field_name in current._fields:
+                value = getattr(current, field_name, None)
+                if type(value) is list:
+                    pending.extend(item for item in value if isinstance(item, ast.AST)
+                                   and type(item) is not ast.Constant)
+                elif isinstance(value, ast.AST):
+                    pending.append(value)
+    return names
+
+
+def _probe_source(node: ast.expr, text: str) -> str:
+    """The probe's expression text: the test's own characters for a call on one line (its span is
+    the whole call, so the text parses back to the same tree on its own), else ``ast.unparse``.
+    Slicing is ~20x cheaper than unparsing; offsets are UTF-8 bytes, so non-ASCII text goes
+    through ``ast.get_source_segment``."""
+    if type(node) is ast.Call and node.lineno == node.end_lineno:
+        if node.lineno == 1 and text.isascii():
+            return text[node.col_offset:node.end_col_offset]
+        segment = ast.get_source_segment(text, node)
+        if segment:
+            return segment
+    return ast.unparse(node)
+
+
 class _Splitter:
-    def __init__(self, plan: AssertPlan, overrides: frozenset[str]):
-        self.plan, self.overrides = plan, overrides
+    def __init__(self, plan: AssertPlan, overrides: frozenset[str], text: str):
+        self.plan, self.overrides, self.text = plan, overrides, text  # text: what parse_assert parsed
 
     def visit(self, node: ast.expr, truth: bool, expected: bool) -> None:
-        if not self._parent_can_evaluate(node, expected):
+        children = _value_children(node)
+        if not self._parent_can_evaluate(node, children, expected):
             self._add_probe(node, truth, expected)
             return
         # Truth context carries through `not` and through and/or that are themselves tested.
         child_truth = (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)) or (
             truth and isinstance(node, ast.BoolOp))
-        children = _value_children(node)
         if isinstance(node, ast.Compare):
             first_expected = 1  # left is what the program produced; comparators are expected
         elif isinstance(node, ast.Call) and node.args:
@@ -191,19 +257,20 @@ class _Splitter:
         else:
             first_expected = len(children)
         for position, child in enumerate(children):
-            self.visit(child, truth=child_truth, expected=expected or position >= first_expected)
+            if type(child) is not ast.Constant:  # always parent-side, nothing below it
+                self.visit(child, truth=child_truth, expected=expected or position >= first_expected)
 
-    def _parent_can_evaluate(self, node: ast.expr, expected: bool) -> bool:
+    def _parent_can_evaluate(self, node: ast.expr, children: list[ast.expr], expected: bool) -> bool:
         if isinstance(node, ast.Constant):
             return True
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp,
                              ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Slice)):
-            return not any(isinstance(c, _NOT_DATA) for c in _value_children(node)) \
+            return not any(isinstance(c, _NOT_DATA) for c in children) \
                 and not (isinstance(node, ast.Dict) and None in node.keys)
         if isinstance(node, ast.Attribute):
             return _is_math(node.value) and node.attr in MATH_CONSTANTS
         if isinstance(node, ast.Call):
-            if any(isinstance(c, _NOT_DATA) for c in _value_children(node)) \
+            if any(isinstance(c, _NOT_DATA) for c in children) \
                     or any(k.arg is None for k in node.keywords):
                 return False
             func = node.func
@@ -216,10 +283,10 @@ class _Splitter:
         return False
 
     def _add_probe(self, node: ast.expr, truth: bool, expected: bool) -> None:
-        source = ast.unparse(node)
+        source = _probe_source(node, self.text)
         if truth:  # `not not` cannot be rebound and always yields an exact bool
             source = f"(not not ({source}))"
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        names = _names_in(node)
         reference = bool(names) and all(n in _BUILTIN_NAMES or n in _STDLIB for n in names) and (
             expected or not names & self.overrides)
         imports = tuple(sorted(n for n in names if n in _STDLIB and n not in _BUILTIN_NAMES))
@@ -233,6 +300,17 @@ def _is_math(node: ast.expr) -> bool:
 
 
 def _value_children(node: ast.expr) -> list[ast.expr]:
+    """The expression operands of ``node``, in ``ast.iter_child_nodes`` order (probe order and
+    which operands are expected depend on it). Read-only: may be the node's own list."""
+    kind = type(node)
+    if kind is ast.Constant:
+        return []
+    if kind is ast.List or kind is ast.Tuple or kind is ast.Set:
+        return node.elts
+    if kind is ast.Compare:
+        return [node.left, *node.comparators]
+    if kind is ast.BinOp:
+        return [node.left, node.right]
     if isinstance(node, ast.Call):
         children = list(node.args) + [k.value for k in node.keywords]
         if isinstance(node.func, ast.Attribute) and not (

@@ -88,6 +88,8 @@ class _Evaluator:
         self.plan, self.probe_values, self.cache = plan, probe_values, {}
 
     def value(self, node: ast.expr):
+        if type(node) is ast.Constant:  # never a probe (the planner keeps constants parent-side)
+            return node.value
         key = id(node)
         if key not in self.cache:
             self.cache[key] = self._compute(node)

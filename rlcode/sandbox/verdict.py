@@ -29,8 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from rlcode.sandbox import plain_data
-from rlcode.sandbox.asserts import (MISSING, AssertParseError, AssertPlan, bound_names,
-                                    evaluate_plan, plan_assert)
+from rlcode.sandbox.asserts import (MISSING, AssertParseError, AssertPlan, bound_names_among,
+                                    evaluate_plan, overridable_names, plan_assert)
 from rlcode.sandbox.result import ExecResult, Program, Status
 
 _CONFLICT = plain_data.Opaque("conflicting values for one probe", raised=True)
@@ -77,7 +77,7 @@ def check_program(pool, code: str, tests, setup: str = "", *, timeout: float | N
     verdict: Future = Future()
     tests = list(tests)
     try:
-        plans = _plans(tests, bound_names(code) | bound_names(setup))
+        plans = _plans(tests, code, setup)
         candidate_slots, reference_slots = _slots(plans)
         candidate_probes = tuple(plans[t].probes[p].source for t, p in candidate_slots)
         candidate = pool.submit(Program(code=code, probes=candidate_probes, setup=setup),
@@ -101,7 +101,9 @@ def check_program(pool, code: str, tests, setup: str = "", *, timeout: float | N
     return verdict
 
 
-def _plans(tests: list[str], names: frozenset[str]) -> list[AssertPlan | None]:
+def _plans(tests: list[str], code: str, setup: str) -> list[AssertPlan | None]:
+    overridable = overridable_names(tests)  # the program's bindings matter only for these names
+    names = bound_names_among(code, overridable) | bound_names_among(setup, overridable)
     plans = []
     for test in tests:
         try:
