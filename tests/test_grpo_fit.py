@@ -138,3 +138,18 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path):
             row = next(csv.DictReader(handle))
         assert float(row[f"{prefix}/pass_rate"]) == 0.0  # a random model solves nothing
         assert float(row[f"{prefix}/problems_passed"]) == 0.0
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora"])
+def test_kl_to_the_reference_policy(tmp_path, adapter):
+    """beta > 0: a frozen copy (full fine-tuning) or the adapter-free base (LoRA) is the reference."""
+    extra = ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0}"] if adapter == "lora" else []
+    run = fit(tmp_path, "--model.beta", "0.04", "--eval.at_start", "false", "--eval.at_end", "false", *extra)
+    with (run / "metrics.csv").open() as handle:
+        kls = [float(r["loss/kl"]) for r in csv.DictReader(handle) if r.get("loss/kl")]
+    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6)  # step 0: policy == reference
+    assert all(k >= 0 for k in kls)
+    state = policy_weights(run / "checkpoints/last.ckpt")
+    assert not any("_reference" in key for key in state), "the reference copy must not be checkpointed"
+    if adapter == "lora":
+        assert state and all("lora_" in key for key in state), "LoRA checkpoints hold the adapters only"

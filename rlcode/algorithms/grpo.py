@@ -57,6 +57,7 @@ class GRPO(L.LightningModule):
         top_k: int = 0,
         stop: list[str] | None = None,
         rollout_backend: Literal["hf", "vllm"] = "hf",
+        vllm_gpu_memory_utilization: float = 0.3,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -93,7 +94,9 @@ class GRPO(L.LightningModule):
             top_p: nucleus sampling mass (1.0: off).
             top_k: sample from the k most likely tokens (0: off).
             stop: strings that end a completion early (e.g. the closing code fence).
-            rollout_backend: "hf" (transformers generate in this process) or "vllm".
+            rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
+                same GPU, weights synced after every optimizer step).
+            vllm_gpu_memory_utilization: share of GPU memory the vLLM engine may take.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -139,12 +142,15 @@ class GRPO(L.LightningModule):
 
         hp = self.hparams
         self.tokenizer = load_tokenizer(hp.model_name)
+        lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a plain dict
         self.policy = load_model(hp.model_name, precision=hp.precision,
-                                 gradient_checkpointing=hp.gradient_checkpointing, lora=hp.lora)
+                                 gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
         if hp.beta != 0.0 and not is_lora_model(self.policy):
             # Copied before any checkpoint is restored: the reference stays the starting policy.
-            self._reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+            # object.__setattr__: nn.Module would register it as a submodule, and every checkpoint
+            # would carry a second copy of the weights.
+            object.__setattr__(self, "_reference", copy.deepcopy(self.policy).requires_grad_(False).eval())
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = self._build_backend()
@@ -154,7 +160,18 @@ class GRPO(L.LightningModule):
             from rlcode.rollout import HFGenerateBackend
 
             return HFGenerateBackend(self.policy, self.tokenizer)
-        raise ValueError(f"rollout_backend={self.hparams.rollout_backend!r} is not available yet: use 'hf'")
+        if self.hparams.rollout_backend == "vllm":
+            from rlcode.models import resolve_model_source
+            from rlcode.rollout import VLLMBackend
+
+            return VLLMBackend(resolve_model_source(self.hparams.model_name),
+                               gpu_memory_utilization=self.hparams.vllm_gpu_memory_utilization)
+        raise ValueError(f"rollout_backend={self.hparams.rollout_backend!r} is unknown: use 'hf' or 'vllm'")
+
+    def _sync_rollout_weights(self) -> None:
+        # vLLM holds its own copy of the weights: rollouts must come from the current policy.
+        if callable(getattr(self.backend, "sync_weights", None)):
+            self.backend.sync_weights(self.policy)
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.rewards is None:
@@ -178,6 +195,9 @@ class GRPO(L.LightningModule):
     def on_fit_start(self) -> None:
         if self._reference is not None:
             self._reference.to(self.device)
+
+    def on_train_start(self) -> None:
+        self._sync_rollout_weights()  # a resumed run's weights came from the checkpoint
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -276,6 +296,7 @@ class GRPO(L.LightningModule):
                 _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()}, len(micro_batches) * hp.num_iterations)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        self._sync_rollout_weights()
         # micro-batch losses are shares of the step's loss (they sum to it); the other parts are means
         totals["loss"] *= len(micro_batches)
         if hp.loss_type == "dapo":
@@ -313,9 +334,10 @@ class GRPO(L.LightningModule):
                                 max_new_tokens=max_new_tokens or hp.max_new_tokens,
                                 stop=list(hp.stop or []), seed=seed)
         rollout = self.backend.generate(prompts, num_generations, params)
-        # The backend decodes under inference_mode; autograd refuses such tensors as inputs, so
-        # the loss gets ordinary copies.
-        return dataclasses.replace(rollout, **{name: getattr(rollout, name).clone() for name in _ROLLOUT_TENSORS})
+        # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
+        # vLLM returns CPU tensors. The loss gets ordinary copies on the policy's device.
+        return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
+                                               for name in _ROLLOUT_TENSORS})
 
     def _logps(self, model, rollout: RolloutBatch):
         return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
