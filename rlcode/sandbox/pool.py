@@ -11,7 +11,6 @@ failures: a broken worker yields status internal_error and is respawned.
 from __future__ import annotations
 
 import atexit
-import collections
 import concurrent.futures
 import itertools
 import logging
@@ -23,32 +22,13 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from .isolation import IsolationReport, probe_isolation
 from .launch import Limits
 from .result import ExecResult, ExecutionInfo, Program, Status
-from .worker_process import WorkerFailure, WorkerProcess
+from .worker_slot import Job, WorkerSlot, internal_result
 
 log = logging.getLogger(__name__)
-WORKER_DEADLINE_MARGIN_S = 10.0  # beyond the execution's timeout, the parent gives up on the worker
-PIPELINE_DEPTH = 2  # executions handed to one worker at a time (the second waits in its stdin)
-
-
-@dataclass
-class _Job:
-    exec_id: str
-    program: Program
-    timeout: float
-    tags: dict[str, str]
-    reference: bool
-    future: concurrent.futures.Future
-    submitted_at: float = field(default_factory=time.monotonic)
-    state: str = "pending"  # pending -> running -> done
-    started_at: float | None = None
-    slot: _Slot | None = None
-    stop_requested: bool = False
-    deadline: float = 0.0  # when the parent gives up on the worker (time.monotonic())
 
 
 class SandboxPool:
@@ -85,7 +65,7 @@ class SandboxPool:
         self.isolation: IsolationReport = probe.report
         self._staging, self._launch = probe.staging, probe.launch
         self._lock = threading.Lock()
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, Job] = {}
         self._closed = False
         self._ids = itertools.count()
         self._queue: queue.Queue = queue.Queue()
@@ -94,8 +74,8 @@ class SandboxPool:
         # worker when no idle slot of the same queue could take it.
         self._idle_slots = {id(self._queue): 0, id(self._reference_queue): 0}
         count = workers or os.cpu_count() or 1
-        self._slots = [_Slot(self, self._queue, f"sandbox-{i}") for i in range(count)]
-        self._slots.append(_Slot(self, self._reference_queue, "sandbox-reference"))
+        self._slots = [WorkerSlot(self, self._queue, f"sandbox-{i}") for i in range(count)]
+        self._slots.append(WorkerSlot(self, self._reference_queue, "sandbox-reference"))
         self._completions: queue.Queue = queue.Queue()
         self._completer = threading.Thread(target=self._complete, name="sandbox-completions", daemon=True)
         self._completer.start()
@@ -117,7 +97,7 @@ class SandboxPool:
         run_timeout = self.timeout if timeout is None else float(timeout)
         if run_timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
-        job = _Job(exec_id=f"x{next(self._ids):06d}-{uuid.uuid4().hex[:6]}", program=program,
+        job = Job(exec_id=f"x{next(self._ids):06d}-{uuid.uuid4().hex[:6]}", program=program,
                    timeout=run_timeout, tags={**self.default_tags, **(tags or {})}, reference=reference,
                    future=concurrent.futures.Future())
         with self._lock:
@@ -159,7 +139,7 @@ class SandboxPool:
             for job in matching:
                 job.stop_requested = True
         for job in pending:
-            _resolve(job.future, _internal(job, Status.CANCELLED, "stopped before it started", ""))
+            _resolve(job.future, internal_result(job, Status.CANCELLED, "stopped before it started", ""))
         for job in running + [j for j in pending if j.slot is not None]:  # queued at a worker too
             job.slot.kill_running(job)
         return len(pending) + len(running)
@@ -187,7 +167,21 @@ class SandboxPool:
         self.close()
 
     # -- used by the slots -----------------------------------------------------------------------
-    def _claim(self, job: _Job, slot: _Slot, queued: bool) -> bool:
+    def _take(self, jobs: queue.Queue) -> Job | None:
+        """Block until ``jobs`` yields a job (None: close), counted as an idle slot meanwhile."""
+        with self._lock:
+            self._idle_slots[id(jobs)] += 1
+        try:
+            return jobs.get()
+        finally:
+            with self._lock:
+                self._idle_slots[id(jobs)] -= 1
+
+    def _more_work_than_idle_slots(self, jobs: queue.Queue) -> bool:
+        """A busy slot queues a second execution at its worker only when no idle slot could take it."""
+        return jobs.qsize() > self._idle_slots[id(jobs)]
+
+    def _claim(self, job: Job, slot: WorkerSlot, queued: bool) -> bool:
         """Give ``job`` to ``slot``: running now, or (``queued``) pending behind another execution
         at the slot's worker until ``_start``."""
         with self._lock:
@@ -201,7 +195,7 @@ class SandboxPool:
             return False
         return True
 
-    def _start(self, job: _Job) -> bool:
+    def _start(self, job: Job) -> bool:
         """A queued job reaches the front of its worker. True if it was waiting until now."""
         with self._lock:
             if job.state != "pending":
@@ -209,7 +203,7 @@ class SandboxPool:
             job.state, job.started_at = "running", time.monotonic()
             return True
 
-    def _finish(self, job: _Job, result: ExecResult | None = None) -> None:
+    def _finish(self, job: Job, result: ExecResult | None = None) -> None:
         with self._lock:
             job.state = "done"
             self._jobs.pop(job.exec_id, None)
@@ -229,127 +223,6 @@ class SandboxPool:
                 _resolve(job.future, result)
             except Exception:  # a callback's bug must not stop every later future
                 log.exception("sandbox: a future callback raised for %s", job.exec_id)
-
-
-class _Slot:
-    """One worker and the thread that feeds it. The thread spawns the worker, so the worker's
-    parent-death signal is tied to a thread that lives as long as the pool.
-
-    The slot keeps up to PIPELINE_DEPTH executions at its worker (the next one waits in the worker's
-    stdin), so the worker never idles while the parent is busy (measured: 9-22% idle without).
-    It only takes a second one when no other slot is waiting for work.
-    """
-
-    def __init__(self, pool: SandboxPool, jobs: queue.Queue, name: str):
-        self.pool, self.queue, self.name = pool, jobs, name
-        self.worker: WorkerProcess | None = None
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.inflight: collections.deque[_Job] = collections.deque()
-
-    def kill_running(self, job: _Job) -> None:
-        # Either _send sees job.stop_requested before sending, or the worker gets this kill (before
-        # or during the run: it remembers kills for executions it has not started yet).
-        worker = self.worker
-        if worker is not None:
-            worker.kill_execution(job.exec_id)
-
-    def _loop(self) -> None:
-        closing = False
-        try:
-            while True:
-                if not self.inflight:
-                    if closing:
-                        break
-                    with self.pool._lock:
-                        self.pool._idle_slots[id(self.queue)] += 1
-                    job = self.queue.get()
-                    with self.pool._lock:
-                        self.pool._idle_slots[id(self.queue)] -= 1
-                    if job is None:
-                        break
-                    if self.pool._claim(job, self, queued=False):
-                        self._send(job)
-                    continue
-                if not closing and self._may_prefetch():
-                    try:
-                        job = self.queue.get_nowait()
-                    except queue.Empty:
-                        pass
-                    else:
-                        if job is None:
-                            closing = True
-                        elif self.pool._claim(job, self, queued=True):
-                            self._send(job)
-                self._receive_oldest()
-        finally:
-            for job in self.inflight:  # only after a failure to respawn: never lose a future
-                self.pool._finish(job, _internal(job, Status.INTERNAL_ERROR, "pool closed", ""))
-            if self.worker is not None:
-                self.worker.close()
-                self.worker = None
-
-    def _may_prefetch(self) -> bool:
-        worker = self.worker
-        return (len(self.inflight) < PIPELINE_DEPTH and worker is not None and worker.alive
-                and worker.executions < self.pool.recycle_after
-                and self.queue.qsize() > self.pool._idle_slots[id(self.queue)])
-
-    def _send(self, job: _Job) -> None:
-        """Hand ``job`` to the worker (spawning one if needed), or finish it here if that fails."""
-        if not self.inflight:
-            try:
-                self._ready_worker()
-            except WorkerFailure as e:
-                self.pool._finish(job, _internal(job, Status.INTERNAL_ERROR, f"could not start a worker: {e}",
-                                                 self.pool.isolation.level))
-                return
-        if job.stop_requested or job.state == "done":
-            self.pool._finish(job, _internal(job, Status.CANCELLED, "stopped before it started",
-                                             self.worker.launch.level))
-            return
-        request = {"op": "run", "id": job.exec_id, "code": job.program.code, "setup": job.program.setup,
-                   "probes": list(job.program.probes), "timeout": job.timeout}
-        try:
-            self.worker.send(request)
-        except WorkerFailure as e:
-            self._worker_failed(e, job)
-            return
-        job.deadline = time.monotonic() + job.timeout + WORKER_DEADLINE_MARGIN_S
-        self.inflight.append(job)
-
-    def _receive_oldest(self) -> None:
-        job = self.inflight[0]
-        if self.pool._start(job):  # it waited behind another execution: its clock starts now
-            job.deadline = time.monotonic() + job.timeout + WORKER_DEADLINE_MARGIN_S
-        worker = self.worker
-        try:
-            raw = worker.receive(job.exec_id, job.deadline)
-        except WorkerFailure as e:
-            self.inflight.popleft()
-            self._worker_failed(e, job)
-            return
-        self.inflight.popleft()
-        self.pool._finish(job, _from_worker(job, raw, worker.launch.level))
-
-    def _worker_failed(self, error: WorkerFailure, job: _Job) -> None:
-        """``job`` gets internal_error; executions queued behind it go to a fresh worker."""
-        log.warning("sandbox worker %s failed during %s: %s (respawning)", self.name, job.exec_id, error)
-        level = self.worker.launch.level
-        self.worker.kill()
-        self.worker = None
-        self.pool._finish(job, _internal(job, Status.INTERNAL_ERROR, str(error), level))
-        queued, self.inflight = list(self.inflight), collections.deque()
-        for waiting in queued:
-            self._send(waiting)
-
-    def _ready_worker(self) -> WorkerProcess:
-        worker = self.worker
-        if worker is not None and (not worker.alive or worker.executions >= self.pool.recycle_after):
-            worker.close()
-            worker = self.worker = None
-        if worker is None:
-            worker = self.worker = WorkerProcess(self.pool._launch)
-        return worker
 
 
 def wait(futures: Iterable[concurrent.futures.Future], num_returns: int | None = None,
@@ -396,28 +269,6 @@ def _resolve(future: concurrent.futures.Future, result: ExecResult) -> None:
         future.set_result(result)
     except concurrent.futures.InvalidStateError:  # cancelled by the caller meanwhile
         pass
-
-
-def _internal(job: _Job, status: Status, message: str, level: str) -> ExecResult:
-    return ExecResult(exec_id=job.exec_id, status=status, returncode=None, stdout="", stderr="",
-                      stdout_truncated=False, stderr_truncated=False, duration_s=0.0, tags=dict(job.tags),
-                      probe_lines=[], isolation=level, message=message)
-
-
-def _from_worker(job: _Job, raw: dict, level: str) -> ExecResult:
-    try:
-        status = Status(raw.get("status"))
-    except ValueError:
-        status = Status.INTERNAL_ERROR
-    return ExecResult(
-        exec_id=job.exec_id, status=status, returncode=raw.get("returncode"),
-        stdout=raw.get("stdout", ""), stderr=raw.get("stderr", ""),
-        stdout_truncated=bool(raw.get("stdout_truncated")), stderr_truncated=bool(raw.get("stderr_truncated")),
-        duration_s=float(raw.get("duration_s", 0.0)), tags=dict(job.tags),
-        probe_lines=list(raw.get("probe_lines", [])), error_type=raw.get("error_type"),
-        stdout_bytes=int(raw.get("stdout_bytes", 0)), stderr_bytes=int(raw.get("stderr_bytes", 0)),
-        probe_lines_truncated=bool(raw.get("probe_lines_truncated")), isolation=level,
-        message=raw.get("message", ""))
 
 
 def _close_if_alive(pool_ref: weakref.ref) -> None:
