@@ -36,6 +36,20 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
     return "\n".join(lines)
 
 
+def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, prompts_per_step: int,
+           generations: int, rewards: list[str], run: str, dry_run: bool) -> str:
+    """What is about to happen, printed before the first step (the ART toolkit's header)."""
+    rule = "=" * 60
+    return "\n".join([
+        f"rlcode GRPO{' (dry run: no weight updates)' if dry_run else ''}", rule,
+        f"Model: {model}",
+        f"Problems: {train_tasks} train" + (f", {eval_tasks} eval" if eval_tasks else ""),
+        f"Steps: {steps}",
+        f"Batch: {prompts_per_step} prompts x {generations} generations",
+        f"Rewards: {' + '.join(rewards)}",
+        f"Run dir: {run}", rule])
+
+
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
@@ -43,12 +57,24 @@ def _duration(seconds: float) -> str:
 
 class RunSummary(L.Callback):
     def __init__(self) -> None:
-        """Print steps, reward first vs last, pass rate before vs after, and the run's files."""
+        """Print what the run will do before it starts; afterwards steps, reward first vs last, pass
+        rate before vs after, and where the run's files are."""
         self.text: str | None = None
         self._started = time.perf_counter()
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.perf_counter()
+
+    @rank_zero_only
+    def on_train_start(self, trainer, pl_module) -> None:
+        from callbacks.mbpp_eval import MBPPEval
+
+        hp, data = pl_module.hparams, trainer.datamodule
+        evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
+        print(banner(model=hp.model_name, train_tasks=len(getattr(data, "train_tasks", [])),
+                     eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
+                     prompts_per_step=getattr(data, "prompts_per_step", 0), generations=hp.num_generations,
+                     rewards=list(hp.rewards), run=str(run_dir(trainer)), dry_run=hp.dry_run), flush=True)
 
     @rank_zero_only
     def on_fit_end(self, trainer, pl_module) -> None:

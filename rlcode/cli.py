@@ -96,12 +96,12 @@ class RLCodeCLI(LightningCLI):
         trainer_config = self._get(self.config_init, "trainer", default={})
         if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
             kwargs["logger"] = _loggers(run, self._resume_version)
-        # Always on, in this order: metrics before plots (plots read metrics' history), eval results
-        # before plots and the summary; shutdown before the summary so it can say it was interrupted.
-        extra = [GRPOMetrics(), TrainingPlots(), GracefulShutdown(), RunSummary()]
-        trainer_config = {**trainer_config, **kwargs}
-        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        return self._instantiate_trainer(trainer_config, callbacks + extra)
+        # Always on. Order matters within a hook: the summary's banner before the first eval; the
+        # eval before metrics and plots (plots read both histories at batch and train end). The
+        # summary itself prints at fit end, after every train-end hook.
+        configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
 
 
 def _weight_precision(precision) -> str:

@@ -138,3 +138,12 @@ def test_eval_schedule(monkeypatch):
 
 def test_nan_rewards_do_not_poison_the_mean():
     assert math.isclose(record().mean_reward, 1.0 / 3)
+
+
+def test_banner_says_what_will_happen():
+    from callbacks.summary import banner
+
+    text = banner("smollm2-135m-instruct", 4, 2, 6, 2, 8, ["execution", "mbpp_tests_fraction"], "runs/q/version_0",
+                  dry_run=True)
+    assert "dry run" in text and "Problems: 4 train, 2 eval" in text and "2 prompts x 8 generations" in text
+    assert "Rewards: execution + mbpp_tests_fraction" in text
