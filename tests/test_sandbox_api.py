@@ -135,12 +135,16 @@ def test_tags_list_count_stop(pool):
 
 def test_stop_reaches_an_execution_queued_at_a_worker():
     with SandboxPool(workers=1, timeout=20) as pool:
+        # A slot queues a second execution at its worker only if one waits in the pool as it sends
+        # the first (once it waits for a result, later ones wait in the pool). So: submitted
+        # together, while the slot spawns a worker (the adopted isolation-probe worker is closed).
+        pool._slots[0].worker.close()
         first = pool.submit("import time\ntime.sleep(30)", tags={"n": "1"})
+        queued = pool.submit("import time\ntime.sleep(30)", tags={"n": "2"})
+        third = pool.submit("print('third')")
         deadline = time.monotonic() + 10
         while pool.count()["running"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        queued = pool.submit("import time\ntime.sleep(30)", tags={"n": "2"})
-        third = pool.submit("print('third')")
         time.sleep(0.3)  # the slot hands `queued` to its worker behind `first`
         assert pool.count() == {"running": 1, "pending": 2}
         assert len(pool._slots[0].inflight) == 2  # really queued at the worker, not in the pool

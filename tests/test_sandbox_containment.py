@@ -277,7 +277,8 @@ def test_escaped_sleeper_killed_at_timeout(pool):
 def test_escaped_sleeper_killed_without_pid_namespace():
     """The subreaper fallback (where per-execution PID namespaces are unavailable)."""
     with SandboxPool(workers=1, isolation="process") as pool:
-        pool._launch.config["pid_namespace"] = False  # workers start lazily, with this config
+        pool._launch.config["pid_namespace"] = False  # workers started from now on get this config
+        pool._slots[0].worker.close()  # the adopted isolation-probe worker has PID namespaces
         marker = f"{random.randint(10**6, 10**7)}.75"
         result = _run(pool, _escaping_sleeper(marker, "pass"))
         assert result.stdout == "spawned\n"

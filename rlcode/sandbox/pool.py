@@ -61,7 +61,10 @@ class SandboxPool:
                              max_processes=max_processes)
         self.default_tags = dict(tags or {})
         self.recycle_after = recycle_after
-        probe = probe_isolation(isolation, self.limits)
+        # The probe's worker becomes the first slot's, if the thread that started it lives as long
+        # as the pool: its parent-death signal fires when that *thread* exits (see WorkerProcess).
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread)
         self.isolation: IsolationReport = probe.report
         self._staging, self._launch = probe.staging, probe.launch
         self._lock = threading.Lock()
@@ -76,6 +79,7 @@ class SandboxPool:
         count = workers or os.cpu_count() or 1
         self._slots = [WorkerSlot(self, self._queue, f"sandbox-{i}") for i in range(count)]
         self._slots.append(WorkerSlot(self, self._reference_queue, "sandbox-reference"))
+        self._slots[0].worker = probe.worker  # fresh: it has run nothing yet
         self._completions: queue.Queue = queue.Queue()
         self._completer = threading.Thread(target=self._complete, name="sandbox-completions", daemon=True)
         self._completer.start()

@@ -47,7 +47,8 @@ class Job:
 
 class WorkerSlot:
     """One worker and the thread that feeds it. The thread spawns the worker, so the worker's
-    parent-death signal is tied to a thread that lives as long as the pool.
+    parent-death signal is tied to a thread that lives as long as the pool (the first slot may
+    instead start with the pool's isolation-probe worker, when the main thread started that one).
 
     The slot keeps up to PIPELINE_DEPTH executions at its worker (the next one waits in the worker's
     stdin), so the worker never idles while the parent is busy (measured: 9-22% idle without).
