@@ -22,7 +22,11 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
         first, last = values[:window], values[-window:]
         lines.append(f"  mean reward: first {window} step(s) {sum(first) / len(first):+.3f} -> "
                      f"last {window} step(s) {sum(last) / len(last):+.3f}")
-    if evals:
+    if len(evals) == 1:
+        only = evals[0]
+        lines.append(f"  MBPP pass rate ({only.get('num_questions', '?')} problems): {only['pass_rate']:.2f} at "
+                     f"step {only['step']}")
+    elif evals:
         before, after = evals[0], evals[-1]
         lines.append(f"  MBPP pass rate ({after.get('num_questions', '?')} problems): {before['pass_rate']:.2f} at "
                      f"step {before['step']} -> {after['pass_rate']:.2f} at step {after['step']}")

@@ -191,9 +191,22 @@ def _say_once(key: str, message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def _quiet_library_noise() -> None:
+    """Drop two messages every run printed that say nothing about the run: an advert, and a
+    deprecation inside Lightning's own pytree helper."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(lambda record: "litlogger" not in record.getMessage())
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``rlcode`` console script."""
     from dotenv import load_dotenv
+
+    _quiet_library_noise()
 
     load_dotenv(dotenv_path=Path.cwd() / ".env", override=False)  # API keys only; never in configs
     RLCodeCLI(
