@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import functools
 import re
 import sys
@@ -130,8 +131,20 @@ def called_function_names(test: str) -> list[str]:
         expression, _ = _parse_cached(test)
     except AssertParseError:
         return []
-    return [node.func.id for node in ast.walk(expression)
+    return [node.func.id for node in _walk_skipping_constants(expression)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+
+
+def _walk_skipping_constants(node: ast.AST):
+    """``ast.walk``'s nodes in its (breadth-first) order, minus constants, which are most of the
+    nodes of an MBPP assert and can be neither calls nor hold any."""
+    pending = collections.deque([node])
+    while pending:
+        current = pending.popleft()
+        for child in ast.iter_child_nodes(current):
+            if type(child) is not ast.Constant:
+                pending.append(child)
+        yield current
 
 
 def called_function_name(test: str, defined: frozenset[str] = frozenset()) -> str | None:

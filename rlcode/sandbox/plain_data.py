@@ -141,16 +141,20 @@ class DecodeError(ValueError):
     pass
 
 
+_SCALARS = (bool, int, float, str)  # JSON scalars that decode to themselves
+
+
 def decode(data: object) -> object:
     """Rebuild fresh builtin objects from plain data. Raises DecodeError on anything malformed."""
-    if data is None or type(data) in (bool, int, float, str):
+    if data is None or type(data) in _SCALARS:
         return data
     if type(data) is not dict or set(data) != {"t", "v"}:
         raise DecodeError(f"not plain data: {data!r:.80}")
     tag, v = data["t"], data["v"]
     if tag in ("list", "tuple", "set", "frozenset"):
         _expect(v, list)
-        items = [decode(x) for x in v]
+        # scalars inline: most items are, and a call per item is most of the decoding time
+        items = [x if x is None or type(x) in _SCALARS else decode(x) for x in v]
         if tag == "list":
             return items
         if tag == "tuple":
