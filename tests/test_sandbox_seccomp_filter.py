@@ -1,0 +1,79 @@
+"""The seccomp filter's binary-tree layout decides every syscall exactly as the plain linear list."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+seccomp = pytest.importorskip("pyseccomp")
+
+from rlcode.sandbox import seccomp_policy  # noqa: E402
+
+AUDIT_ARCH_X86_64, AUDIT_ARCH_I386 = 0xC000003E, 0x40000003
+
+
+def _run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...]) -> int:
+    """A classic-BPF interpreter for what libseccomp emits, over one struct seccomp_data."""
+    data = struct.pack("<IIQ6Q", nr, arch, 0, *args)
+    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    a = x = pc = 0
+    memory = [0] * 16
+    while True:
+        code, jt, jf, k = insns[pc]
+        pc += 1
+        if code == 0x20:  # ld [k]
+            a = struct.unpack_from("<I", data, k)[0]
+        elif code == 0x00:  # ld #k
+            a = k
+        elif code == 0x60:  # ld M[k]
+            a = memory[k]
+        elif code == 0x02:  # st M[k]
+            memory[k] = a
+        elif code == 0x07:  # tax
+            x = a
+        elif code == 0x87:  # txa
+            a = x
+        elif code == 0x54:  # and #k
+            a &= k
+        elif code == 0x05:  # ja
+            pc += k
+        elif code in (0x15, 0x25, 0x35, 0x45):  # jeq / jgt / jge / jset #k
+            taken = {0x15: a == k, 0x25: a > k, 0x35: a >= k, 0x45: bool(a & k)}[code]
+            pc += jt if taken else jf
+        elif code == 0x06:  # ret #k
+            return k
+        else:
+            raise AssertionError(f"opcode {code:#x} not handled by this interpreter")
+
+
+def _filter(optimize: bool, monkeypatch) -> bytes:
+    original = seccomp.SyscallFilter
+
+    class Linear(original):
+        def set_attr(self, attr, value):
+            if attr != seccomp.Attr.CTL_OPTIMIZE:
+                super().set_attr(attr, value)
+
+    if not optimize:
+        monkeypatch.setattr(seccomp, "SyscallFilter", Linear)
+    try:
+        return seccomp_policy.build_filter_bpf()
+    finally:
+        monkeypatch.setattr(seccomp, "SyscallFilter", original)
+
+
+def test_tree_and_linear_filters_agree(monkeypatch):
+    tree, linear = _filter(True, monkeypatch), _filter(False, monkeypatch)
+    assert tree != linear  # the optimisation is really on (else this test proves nothing)
+    values = {0, 1, 2, 10, 0xFFFFFFFF, 0x1_0000_0001, seccomp_policy.TIOCSTI, 0x5413,
+              *seccomp_policy.NAMESPACE_CLONE_FLAGS, 0x01200011}
+    argument_sets = [(v, w, 0, 0, 0, 0) for v in values for w in values]
+    denied = 0
+    for arch in (AUDIT_ARCH_X86_64, AUDIT_ARCH_I386):
+        for nr in (*range(0, 460), 0x40000000 | 1, 0xFFFFFFFF):
+            for args in argument_sets if nr in (16, 41, 53, 56, 135, 435) else argument_sets[:3]:
+                verdict = _run_bpf(tree, nr, arch, args)
+                assert verdict == _run_bpf(linear, nr, arch, args), (arch, nr, args)
+                denied += verdict != 0x7FFF0000
+    assert denied > 100  # the policy denies plenty (not two filters that allow everything)
