@@ -16,11 +16,15 @@ class StepCheckpoint(ModelCheckpoint):
         """Save every ``every_n_train_steps`` optimizer steps and at the end (``last.ckpt``).
 
         Args:
-            every_n_train_steps: steps between numbered checkpoints (0: only ``last.ckpt``).
+            every_n_train_steps: steps between numbered checkpoints (0: only ``last.ckpt``, at the end).
             keep: numbered checkpoints to keep, newest first (-1: all).
             save_weights_only: leave out the optimizer state (smaller files; resuming then restarts
                 AdamW's moments).
         """
+        numbered = bool(every_n_train_steps) and keep != 0
         super().__init__(filename="step-{step}", auto_insert_metric_name=False, monitor="step", mode="max",
-                         save_top_k=keep, save_last=True, every_n_train_steps=every_n_train_steps or None,
-                         save_weights_only=save_weights_only)
+                         save_top_k=keep if numbered else 0,
+                         # With numbered checkpoints last.ckpt is a link to the newest: a 135M model with
+                         # AdamW state is 1.6 GB per file, twice the same file is waste.
+                         save_last="link" if numbered else True,
+                         every_n_train_steps=every_n_train_steps or None, save_weights_only=save_weights_only)

@@ -7,6 +7,7 @@ signal falls back to the default behaviour (an immediate KeyboardInterrupt / ter
 
 from __future__ import annotations
 
+import os
 import signal
 
 import lightning as L
@@ -40,6 +41,8 @@ class GracefulShutdown(L.Callback):
         callback = trainer.checkpoint_callback
         folder = callback.dirpath if callback is not None and callback.dirpath else f"{trainer.log_dir}/checkpoints"
         path = f"{folder}/last.ckpt"
+        if os.path.islink(path):
+            os.unlink(path)  # a link to step-N.ckpt: writing through it would relabel that checkpoint
         trainer.save_checkpoint(path)
         rank_zero_info(f"saved {path} at step {trainer.global_step}; resume with --ckpt_path last")
         trainer.should_stop = True
