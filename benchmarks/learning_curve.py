@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def fit_one_seed(seed: int, args: argparse.Namespace) -> Path:
     if args.vary_data_seed:
         command += ["--data.seed", str(seed)]
     env = {**os.environ, "MBPP_DATASET_PATH": os.environ.get("MBPP_DATASET_PATH", DEFAULT_MBPP)}
+    if args.threads:  # torch reads it when it starts
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     log = args.root / f"{experiment}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -60,6 +63,12 @@ def fit_one_seed(seed: int, args: argparse.Namespace) -> Path:
     runs = sorted((args.root / experiment).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     print(f"  seed {seed}: {args.steps} steps in {time.perf_counter() - started:.0f} s ({runs[-1]})", file=sys.stderr)
     return runs[-1]
+
+
+def _seed_of(run: Path, index: int) -> int:
+    """The seed in a ``learning_curve_seed<N>/version_<n>`` path, else the run's position."""
+    match = re.fullmatch(r"learning_curve_seed(\d+)", run.resolve().parent.name)
+    return int(match.group(1)) if match else index
 
 
 def step_table(run: Path) -> tuple[list[dict], int]:
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
     parser.add_argument("--root", type=Path, default=Path("/tmp/rlcode-learning-curve"),
                         help="run directories go here (one experiment per seed)")
+    parser.add_argument("--threads", type=int, help="torch threads of each run (default: torch's, one per core)")
     parser.add_argument("--vary-data-seed", action="store_true", help="also shuffle the prompts per seed")
     parser.add_argument("--json", type=Path, help="also write per-step values here")
     parser.add_argument("--from-runs", type=Path, nargs="+", help="summarize existing run directories, no training")
@@ -172,11 +182,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps < 2 * args.window and not args.from_runs:
         parser.error(f"--steps {args.steps} is shorter than two windows of {args.window}: lower --window")
 
-    runs = dict(enumerate(args.from_runs)) if args.from_runs else {seed: fit_one_seed(seed, args) for seed in args.seeds}
+    if args.from_runs:
+        runs = {_seed_of(run, index): run for index, run in enumerate(args.from_runs)}
+    else:
+        runs = {seed: fit_one_seed(seed, args) for seed in args.seeds}
     tables = {seed: step_table(run) for seed, run in runs.items()}
     per_seed = {seed: seed_summary(steps, per_epoch, args.window) for seed, (steps, per_epoch) in tables.items()}
     print_table(per_seed, args.window)
-    line = {"benchmark": "learning_curve", "config": str(args.config), "overrides": overrides, "steps": args.steps,
+    steps = args.steps if not args.from_runs else max(s["batches"] for s in per_seed.values())
+    line = {"benchmark": "learning_curve", "config": str(args.config), "overrides": overrides, "steps": steps,
             "window": args.window, "seeds": list(per_seed),
             "execution_first": spread([s["execution_first"] for s in per_seed.values()]),
             "execution_last": spread([s["execution_last"] for s in per_seed.values()]),

@@ -69,6 +69,7 @@ def compare(settings, repeats: int, timeout: float) -> dict:
             if len(result["step_s"]) <= 1:
                 raise RuntimeError(f"{side} ran {len(result['step_s'])} step(s): --steps must be >= 2")
             summary = {**summarize(result, warmup=1), "raw": result}
+            print(f"  raw {json.dumps(result)}", file=sys.stderr)  # kept even if a later run fails
             print(f"  [{settings.model}] {side} run {repeat + 1}: {summary['tokens_per_s']:.1f} tokens/s, "
                   f"{summary['s_per_step']:.2f} s/step, {summary['peak_rss_mb']:.0f} MB", file=sys.stderr)
             if side not in best or summary["tokens_per_s"] > best[side]["tokens_per_s"]:
