@@ -76,9 +76,12 @@ class GRPOMetrics(L.Callback):
         grad_norm = getattr(pl_module, "last_grad_norm", None)
         if grad_norm is not None and record.updated:
             metrics["train/grad_norm"] = grad_norm
+        # Straight to the loggers, keyed by the step the batch started at: Lightning's own logging
+        # would repeat a stale value in steps that do not log it (loss and grad norm of a step
+        # without an update). Under DDP these are rank zero's numbers.
+        for logger in trainer.loggers:
+            logger.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)}, step=record.step)
         batch_size = len(record.prompts)
-        pl_module.log_dict({k: v for k, v in metrics.items() if not math.isnan(v)}, on_step=True, on_epoch=False,
-                           batch_size=batch_size)
         pl_module.log("reward", record.mean_reward, prog_bar=True, logger=False, batch_size=batch_size)
         pl_module.log("tok/s", metrics["perf/tokens_per_s"], prog_bar=True, logger=False, batch_size=batch_size)
         self.history.append((record.step, record.mean_reward))

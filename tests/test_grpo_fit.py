@@ -121,6 +121,9 @@ def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys)
     rows = rollout_rows(run)
     assert {row["reward"] for row in rows} == {-0.5}  # every completion of the random model is a syntax error
     assert capsys.readouterr().out.count("(no update)") == 2  # nothing left to learn from, yet max_steps ends it
+    with (run / "metrics.csv").open() as handle:
+        steps = [r for r in csv.DictReader(handle) if r.get("reward/avg_batch_reward")]
+    assert len(steps) == 2 and not any(r.get("loss/loss") or r.get("train/grad_norm") for r in steps)
     trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
     assert all(torch.equal(trained[k], start[k]) for k in start)
 
