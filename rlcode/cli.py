@@ -60,10 +60,6 @@ class RunSettings:
         self.wandb_project = wandb_project
         self.cpu_threads = cpu_threads
 
-    @property
-    def experiment_dir(self) -> Path:
-        return Path(self.root_dir) / self.experiment
-
 
 class RLCodeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
