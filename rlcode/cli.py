@@ -35,6 +35,12 @@ from callbacks import (GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, 
                        TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402
+from rlcode.data.mbpp import MBPPDataError  # noqa: E402
+from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
+from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
+
+# Missing data, model or sandbox layer: the user's set-up, not a bug, so one line instead of a traceback.
+_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, IsolationUnavailable)
 
 WandbMode = Literal["online", "offline", "disabled"]
 _said_offline: set[str] = set()
@@ -205,16 +211,19 @@ def main(args: list[str] | None = None) -> None:
     _quiet_library_noise()
 
     load_dotenv(dotenv_path=Path.cwd() / ".env", override=False)  # API keys only; never in configs
-    RLCodeCLI(
-        GRPO,
-        MBPPDataModule,
-        args=args,
-        save_config_kwargs={"overwrite": True},  # a requeued job rewrites its config instead of crashing
-        seed_everything_default=0,
-        auto_configure_optimizers=False,  # the module's typed learning_rate/weight_decay are the surface
-        trainer_defaults={"max_steps": 100, "log_every_n_steps": 1, "num_sanity_val_steps": 0,
-                          "enable_model_summary": False},
-    )
+    try:
+        RLCodeCLI(
+            GRPO,
+            MBPPDataModule,
+            args=args,
+            save_config_kwargs={"overwrite": True},  # a requeued job rewrites its config instead of crashing
+            seed_everything_default=0,
+            auto_configure_optimizers=False,  # the module's typed learning_rate/weight_decay are the surface
+            trainer_defaults={"max_steps": 100, "log_every_n_steps": 1, "num_sanity_val_steps": 0,
+                              "enable_model_summary": False},
+        )
+    except _SETUP_ERRORS as error:  # their messages name the cause and the fix: no traceback needed
+        raise SystemExit(f"rlcode: {error}") from None
 
 
 if __name__ == "__main__":

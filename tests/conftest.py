@@ -8,3 +8,6 @@ if "MBPP_DATASET_PATH" not in os.environ and _SHARED_MBPP.exists():
     os.environ["MBPP_DATASET_PATH"] = str(_SHARED_MBPP)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Before any test imports torch: OpenMP threads that spin while waiting starve the sandbox workers on
+# 2 cores (the real-model quickstart test took 346 s with spinning threads, 77 s without).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
