@@ -11,6 +11,10 @@ left in ``self.last_step`` (a StepRecord); the module logs nothing itself.
 The model, tokenizer, rollout backend and reward functions are built in ``configure_model`` (so
 ``--print_config`` and tests of the config surface stay light, and FSDP can wrap the model) and kept
 on ``self``, outside the hyperparameters.
+
+Distributed (DDP): each rank trains on its own prompts (the DataModule shards them), gradients are
+all-reduced once per optimizer step, and the ranks agree, in one all-reduce per step, on whether to
+update and on dapo's token count (see ``rlcode.algorithms.all_ranks_totals``).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import torch
 
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
+from rlcode.algorithms.all_ranks_totals import sum_over_ranks
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated, policy_loss
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
@@ -233,10 +238,14 @@ class GRPO(L.LightningModule):
         keep = torch.ones_like(rewards, dtype=torch.bool)
         if hp.filter_zero_std_groups:
             keep = ~zero_std_group_mask(rewards, group)
-        update = not hp.dry_run and bool(keep.any()) and bool(loss_mask[keep].sum() > 0)
+        batch_totals = sum_over_ranks(self.trainer, rewards, loss_mask[keep].sum(), stats.frac_reward_zero_std)
+        # Decided on the tokens of every rank: under DDP a rank that skipped its backward while
+        # another synced gradients would hang the run.
+        update = not hp.dry_run and batch_totals.tokens > 0
 
         with _timed(timings, "update"):
-            loss_parts = self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep) if update else {}
+            loss_parts = (self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep, batch_totals.tokens)
+                          if update else {})
         if not update:
             self._step_without_update()
 
@@ -248,7 +257,8 @@ class GRPO(L.LightningModule):
             rewards=outcome.total, rewards_by_function=outcome.by_function, details=outcome.details,
             advantages=advantages.tolist(), completion_lengths=rollout.completion_mask.sum(1).long().tolist(),
             truncated=rollout.truncated.tolist(), frac_reward_zero_std=float(stats.frac_reward_zero_std),
-            updated=update, loss=loss_parts, reward_metrics=outcome.metrics, timings=timings,
+            updated=update, loss=loss_parts, reward_metrics={**outcome.metrics, **batch_totals.metrics()},
+            timings=timings,
         )
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
@@ -271,16 +281,27 @@ class GRPO(L.LightningModule):
         self.log(f"{prefix}/pass_rate", sum(passed) / count, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(sum(passed)), reduce_fx="sum", batch_size=count)
 
-    def _update(self, rollout: RolloutBatch, loss_mask, advantages, old_logps, ref_logps, keep) -> dict[str, float]:
-        """``num_iterations`` optimizer steps over the kept completions, micro-batched."""
+    def _update(self, rollout: RolloutBatch, loss_mask, advantages, old_logps, ref_logps, keep,
+                all_ranks_tokens: float) -> dict[str, float]:
+        """``num_iterations`` optimizer steps over the kept completions, micro-batched.
+
+        Under DDP, gradients are all-reduced once per optimizer step: every micro-batch but the last
+        runs its backward in the strategy's ``block_backward_sync`` (DDP's ``no_sync``), which is
+        also what lets ranks run different numbers of micro-batches. A rank whose groups were all
+        filtered out still joins the one sync with a zero-weighted backward of one completion.
+        """
         hp = self.hparams
         optimizer = self.optimizers()
         rows = keep.nonzero().flatten()
-        micro_batches = list(rows.split(hp.micro_batch_size))
-        tokens_in_batch = loss_mask[rows].sum()  # dapo's normaliser: every token of the step weighs the same
+        contributes = len(rows) > 0
+        micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=keep.device)]
+        # dapo's normaliser: every token of the step, on every rank, weighs the same. TRL divides by
+        # the token count of all processes over num_processes, since DDP then averages the gradients
+        # over the world size: sum over ranks of (local token-loss sum) / all tokens, as on one device.
+        tokens_in_batch = torch.tensor(all_ranks_tokens / self.trainer.world_size, device=self.device)
         totals: dict[str, float] = {}
         for _ in range(hp.num_iterations):
-            for index in micro_batches:
+            for position, index in enumerate(micro_batches):
                 logps = completion_logps(self.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                          rollout.completion_ids[index], rollout.completion_mask[index],
                                          hp.temperature)
@@ -292,16 +313,31 @@ class GRPO(L.LightningModule):
                     beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
                     max_completion_length=hp.max_new_tokens, num_items_in_batch=tokens_in_batch,
                     accumulation_steps=len(micro_batches))
-                self.manual_backward(loss)
-                _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()}, len(micro_batches) * hp.num_iterations)
+                if not contributes:
+                    loss = loss * 0.0  # zero gradients, but the backward (and its all-reduce) still runs
+                last = position == len(micro_batches) - 1
+                with nullcontext() if last else self._no_gradient_sync():
+                    self.manual_backward(loss)
+                if contributes:
+                    _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()},
+                                len(micro_batches) * hp.num_iterations)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self._sync_rollout_weights()
+        if not contributes:
+            return totals
         # micro-batch losses are shares of the step's loss (they sum to it); the other parts are means
         totals["loss"] *= len(micro_batches)
         if hp.loss_type == "dapo":
             totals["policy_loss"] *= len(micro_batches)
         return totals
+
+    def _no_gradient_sync(self):
+        """Accumulate gradients locally (DDP's no_sync); other strategies: nothing to block."""
+        from lightning.pytorch.strategies import ParallelStrategy
+
+        strategy = self.trainer.strategy
+        return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else nullcontext()
 
     def on_before_optimizer_step(self, optimizer) -> None:
         max_norm = self.hparams.max_grad_norm

@@ -3,6 +3,10 @@
 The LightningModule fills one record per training step and keeps it as ``module.last_step``;
 metrics, rollout logging, plots and the end-of-run summary read it in ``on_train_batch_end``,
 so the training step itself stays free of logging code.
+
+Under DDP every field is this rank's own (callbacks log rank zero's), except two sums over all ranks
+that ``reward_metrics`` gains when there are several: ``avg_batch_reward_all_ranks`` and
+``frac_reward_zero_std_all_ranks`` (one small all-reduce per step, which the step needs anyway).
 """
 
 from __future__ import annotations
