@@ -74,7 +74,6 @@ def _run_one_rank(out_dir: Path, reward: str) -> None:
 
     GRPO.training_step, GRPO.manual_backward, GRPO.on_train_end = training_step, manual_backward, on_train_end
     GRPO.on_train_start = on_train_start
-    _patch_rank_zero_run_dir()
     torch.set_num_threads(1)  # two processes share the machine's cores
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy",
                 "init_args": {"process_group_backend": "gloo"}}
@@ -98,30 +97,6 @@ def _weights_digest(model) -> str:
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy())
     return digest.hexdigest()
-
-
-def _patch_rank_zero_run_dir() -> None:
-    """WORKAROUND, not this test's subject: ``callbacks.run_dir.run_dir`` reads ``trainer.log_dir``,
-    which is a collective (``strategy.broadcast``), but the callbacks call it on rank zero only (the
-    start banner, rollouts, plots, eval reports): rank zero then runs one collective more than rank 1
-    and the run hangs. Until callbacks/run_dir.py reads the logger's folder without the broadcast,
-    the callbacks get such a reader here."""
-    from pathlib import Path as _Path
-
-    import callbacks.mbpp_eval
-    import callbacks.plots
-    import callbacks.rollout_logging
-    import callbacks.summary
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    def run_dir_without_broadcast(trainer) -> _Path:
-        logger = trainer.loggers[0] if trainer.loggers else None
-        if logger is None:
-            return _Path(trainer.default_root_dir)
-        return _Path(logger.log_dir if isinstance(logger, (CSVLogger, TensorBoardLogger)) else logger.save_dir)
-
-    for module in (callbacks.mbpp_eval, callbacks.plots, callbacks.rollout_logging, callbacks.summary):
-        module.run_dir = run_dir_without_broadcast
 
 
 def length_reward(prompts, completions, **columns) -> list[float]:
