@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -30,11 +30,13 @@ import torch
 
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
 from rlcode.algorithms.all_ranks_totals import sum_over_ranks
+from rlcode.algorithms.gradient_sync import clip_grad_norm, no_gradient_sync
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated, policy_loss
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings
+from rlcode.rollout.backends import build_backend
 
 if TYPE_CHECKING:
     from rlcode.data.datamodule import PromptBatch
@@ -158,20 +160,8 @@ class GRPO(L.LightningModule):
             object.__setattr__(self, "_reference", copy.deepcopy(self.policy).requires_grad_(False).eval())
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
-        self.backend = self._build_backend()
-
-    def _build_backend(self):
-        if self.hparams.rollout_backend == "hf":
-            from rlcode.rollout import HFGenerateBackend
-
-            return HFGenerateBackend(self.policy, self.tokenizer)
-        if self.hparams.rollout_backend == "vllm":
-            from rlcode.models import resolve_model_source
-            from rlcode.rollout import VLLMBackend
-
-            return VLLMBackend(resolve_model_source(self.hparams.model_name),
-                               gpu_memory_utilization=self.hparams.vllm_gpu_memory_utilization)
-        raise ValueError(f"rollout_backend={self.hparams.rollout_backend!r} is unknown: use 'hf' or 'vllm'")
+        self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
+                                     vllm_gpu_memory_utilization=hp.vllm_gpu_memory_utilization)
 
     def _sync_rollout_weights(self) -> None:
         # vLLM holds its own copy of the weights: rollouts must come from the current policy.
@@ -215,7 +205,7 @@ class GRPO(L.LightningModule):
         group = hp.num_generations
         prompts = [self.render(p) for p in batch["prompt"]]
 
-        with _timed(timings, "generation"):
+        with timed(timings, "generation"):
             # N = prompts x G rows, prompt-major, tensors on the policy's device
             rollout = self.generate(prompts, group, temperature=hp.temperature, seed=self._sampling_seed())
 
@@ -223,11 +213,11 @@ class GRPO(L.LightningModule):
         columns["step"] = self.global_step  # tags the sandbox executions of this step
         reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
 
-        with _timed(timings, "logps"):  # overlaps the sandbox running the rewards
+        with timed(timings, "logps"):  # overlaps the sandbox running the rewards
             old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
             ref_logps = self._reference_logps(rollout) if hp.beta != 0.0 else None
 
-        with _timed(timings, "rewards_wait"):
+        with timed(timings, "rewards_wait"):
             outcome = reward_job.result()
         rewards = torch.tensor(outcome.total, dtype=torch.float32, device=self.device)
         advantages, stats = group_advantages(rewards, group, hp.scale_rewards)
@@ -243,7 +233,7 @@ class GRPO(L.LightningModule):
         # another synced gradients would hang the run.
         update = not hp.dry_run and batch_totals.tokens > 0
 
-        with _timed(timings, "update"):
+        with timed(timings, "update"):
             loss_parts = (self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep, batch_totals.tokens)
                           if update else {})
         if not update:
@@ -316,7 +306,7 @@ class GRPO(L.LightningModule):
                 if not contributes:
                     loss = loss * 0.0  # zero gradients, but the backward (and its all-reduce) still runs
                 last = position == len(micro_batches) - 1
-                with nullcontext() if last else self._no_gradient_sync():
+                with nullcontext() if last else no_gradient_sync(self.trainer.strategy):
                     self.manual_backward(loss)
                 if contributes:
                     _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()},
@@ -332,26 +322,10 @@ class GRPO(L.LightningModule):
             totals["policy_loss"] *= len(micro_batches)
         return totals
 
-    def _no_gradient_sync(self):
-        """Accumulate gradients locally (DDP's no_sync); other strategies: nothing to block."""
-        from lightning.pytorch.strategies import ParallelStrategy
-
-        strategy = self.trainer.strategy
-        return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else nullcontext()
-
     def on_before_optimizer_step(self, optimizer) -> None:
-        max_norm = self.hparams.max_grad_norm
-        if not max_norm:
-            return
-        from lightning.pytorch.strategies import FSDPStrategy
-
-        if isinstance(self.trainer.strategy, FSDPStrategy):
-            # FSDP shards gradients: only its own clip sees the global norm.
-            norm = self.trainer.strategy.model.clip_grad_norm_(max_norm)
-        else:
-            params = [p for p in self.policy.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.last_grad_norm = float(norm)
+        if self.hparams.max_grad_norm:
+            self.last_grad_norm = clip_grad_norm(self.trainer.strategy, self.policy.parameters(),
+                                                 self.hparams.max_grad_norm)
 
     # ---- building blocks the callbacks reuse --------------------------------------------------
     def render(self, prompt) -> str:
@@ -418,12 +392,3 @@ def _repeat_each(values: list, times: int) -> list:
 def _accumulate(totals: dict[str, float], parts: dict[str, Any], count: int) -> None:
     for key, value in parts.items():
         totals[key] = totals.get(key, 0.0) + float(value) / count
-
-
-@contextmanager
-def _timed(timings: dict[str, float], name: str):
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - started

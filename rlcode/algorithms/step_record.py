@@ -11,6 +11,8 @@ that ``reward_metrics`` gains when there are several: ``avg_batch_reward_all_ran
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -55,3 +57,13 @@ class StepRecord:
         """Completion indices of each prompt's group."""
         g = self.group_size
         return [list(range(p * g, (p + 1) * g)) for p in range(len(self.prompts))]
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str):
+    """Add the block's wall time to ``timings[name]`` (a StepRecord's ``timings``)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - started
