@@ -210,3 +210,17 @@ def test_isolation_report(pool):
     assert report.level in ("bwrap", "bwrap-userns", "process")
     text = report.describe()
     assert report.level in text and "seccomp" in text
+
+
+def test_a_result_out_of_order_fails_the_worker_at_once():
+    # A desynchronised protocol must surface as a worker failure (respawn + internal_error), not
+    # hold the future until its deadline.
+    import time as _time
+
+    from rlcode.sandbox.worker_process import WorkerFailure, WorkerProcess
+
+    worker = WorkerProcess.__new__(WorkerProcess)
+    messages = iter([{"op": "log"}, {"op": "result", "id": "b"}])
+    worker._read_message = lambda deadline: next(messages)
+    with pytest.raises(WorkerFailure, match="'b'"):
+        worker.receive("a", deadline=_time.monotonic() + 5)

@@ -66,8 +66,13 @@ class WorkerProcess:
         """The result of ``exec_id``, the oldest execution sent and not yet received."""
         while True:
             message = self._read_message(deadline)
-            if message.get("op") == "result" and message.get("id") == exec_id:
-                return message
+            if message.get("op") != "result":
+                continue
+            if message.get("id") != exec_id:
+                # Results come back in the order sent: anything else is a broken protocol, and
+                # waiting would only hold the future until its deadline. The slot respawns the worker.
+                raise WorkerFailure(f"worker answered {message.get('id')!r} while {exec_id!r} was due")
+            return message
 
     def kill_execution(self, exec_id: str) -> None:
         # Serialised as '{"op":"kill",...': the worker recognises kills by that prefix.
