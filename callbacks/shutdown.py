@@ -2,7 +2,8 @@
 
 A step on CPU can take a minute; killing it halfway loses it and leaves no checkpoint. The handler
 only sets a flag; the checkpoint is written between steps, where the state is consistent. A second
-signal falls back to the default behaviour (an immediate KeyboardInterrupt / termination).
+signal falls back to the default behaviour (an immediate KeyboardInterrupt / termination). Under
+DDP a signal to any one rank stops every rank after the same step.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ class GracefulShutdown(L.Callback):
         self._previous = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.requested is None:
+        # Under DDP a signal may reach some ranks only, but saving a checkpoint is collective: a
+        # rank saving alone would wait forever. So the ranks agree, any request stopping them all
+        # (one tiny all-reduce per step; on one device the decision is returned as it is).
+        if not trainer.strategy.reduce_boolean_decision(self.requested is not None, all=False):
             return
+        self.requested = self.requested or "a signal to another rank"
         callback = trainer.checkpoint_callback
         folder = callback.dirpath if callback is not None and callback.dirpath else f"{trainer.log_dir}/checkpoints"
         path = f"{folder}/last.ckpt"

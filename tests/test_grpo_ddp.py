@@ -36,8 +36,11 @@ def count_gradient_syncs(state, bucket):
 _SYNC_ROUNDS = [0]
 
 
-def _run_one_rank(out_dir: Path, reward: str) -> None:
-    """Body of each rank: fit with recording patches, then write rank<N>.json."""
+def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) -> None:
+    """Body of each rank: fit with recording patches, then write rank<N>.json.
+
+    ``signal_rank_zero``: rank zero alone gets a stop request (as from SIGTERM) during its first step.
+    """
     import torch
 
     from rlcode.algorithms.grpo import GRPO
@@ -48,6 +51,10 @@ def _run_one_rank(out_dir: Path, reward: str) -> None:
 
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
+        if signal_rank_zero and self.trainer.global_rank == 0 and batch_idx == 0:
+            from callbacks import GracefulShutdown
+
+            next(c for c in self.trainer.callbacks if isinstance(c, GracefulShutdown)).requested = "SIGTERM"
         original_step(self, batch, batch_idx)
         seen["mean_rewards"].append(self.last_step.mean_reward)
         seen["global_mean_rewards"].append(self.last_step.reward_metrics.get("avg_batch_reward_all_ranks"))
@@ -110,16 +117,20 @@ def length_reward_on_rank_zero(prompts, completions, **columns) -> list[float]:
     return [0.0 for _ in completions]
 
 
-@pytest.mark.parametrize("reward", ["length_reward", "length_reward_on_rank_zero"])
-def test_two_rank_fit_shards_prompts_and_keeps_weights_identical(tmp_path, reward):
+def _run_two_ranks(out_dir: Path, reward: str, *extra: str, timeout: float = 300) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
     for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, str(Path(__file__)), str(tmp_path), reward], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(Path(__file__)), str(out_dir), reward, *extra], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("reward", ["length_reward", "length_reward_on_rank_zero"])
+def test_two_rank_fit_shards_prompts_and_keeps_weights_identical(tmp_path, reward):
+    ranks = _run_two_ranks(tmp_path, reward)
 
     assert all(r["strategy"] == "DDPStrategy" and r["world_size"] == 2 for r in ranks)
     assert all(r["global_step"] == STEPS for r in ranks), "both ranks finish every optimizer step"
@@ -140,5 +151,13 @@ def test_two_rank_fit_shards_prompts_and_keeps_weights_identical(tmp_path, rewar
         assert r["global_mean_rewards"] == pytest.approx(expected), "the logged reward mean covers every rank"
 
 
+def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
+    """Saving is collective: if rank zero alone stopped to save, both ranks would hang."""
+    ranks = _run_two_ranks(tmp_path, "length_reward", "signal", timeout=150)
+    assert [r["global_step"] for r in ranks] == [1, 1], "both ranks stop after the signalled step"
+    assert list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt")), "the stop saved last.ckpt"
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
 if __name__ == "__main__":
-    _run_one_rank(Path(sys.argv[1]), sys.argv[2])
+    _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=sys.argv[3:] == ["signal"])
