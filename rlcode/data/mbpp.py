@@ -20,6 +20,7 @@ can be cut from any file whatever splits it was saved with.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class MBPPTask:
     variant: str = "full"
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property  # asked once per sample by rlcode-eval: parse the reference once
     def entry_point(self) -> str | None:
         """Name of the function the first test calls (what a completion must define)."""
         from rlcode.sandbox.asserts import bound_names, called_function_name  # stdlib-only

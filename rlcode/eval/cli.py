@@ -153,7 +153,6 @@ def _task_id(value, path: Path, number: int) -> int:
 
 def _run(samples, tasks, args) -> list:
     from rlcode.rewards.extraction import extract_code
-    from rlcode.rewards.mbpp_tests import entry_point_of
     from rlcode.sandbox import SandboxPool
     from rlcode.sandbox.verdict import check_program
 
@@ -163,7 +162,7 @@ def _run(samples, tasks, args) -> list:
         for _, sample in samples:
             task = tasks[sample["task_id"]]
             tests = list(task.test_list) + (list(task.challenge_test_list) if args.challenge_tests else [])
-            code = extract_code(sample["raw"]["completion"], entry_point_of(tests))
+            code = extract_code(sample["raw"]["completion"], task.entry_point)
             future = check_program(pool, code, tests, task.test_setup_code,
                                    tags={"task": str(task.task_id)})
             if progress:

@@ -50,7 +50,8 @@ class MBPPTestsPassed(SandboxReward):
             tests += _tests(row.get("challenge_test_list") or [])
         if not tests:
             raise ValueError("no test_list for this completion: pass the dataset's test_list column")
-        code = extract_code(completion, entry_point_of(tests))
+        # The DataModule sends each task's entry point; plain TRL datasets may not have the column.
+        code = extract_code(completion, row.get("entry_point") or entry_point_of(tests))
         setup = row.get("test_setup_code") or ""
         return check_program(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
 
