@@ -97,3 +97,18 @@ def default_precision(info: PlatformInfo) -> str:
 def default_accelerator(info: PlatformInfo) -> str:
     """Lightning accelerator name."""
     return "gpu" if info.device_type == "cuda" else "cpu"
+
+
+def default_sandbox_workers(local_ranks: int = 1, info: PlatformInfo | None = None) -> int:
+    """Sandbox worker processes for one rank: the node's cores shared among its ranks.
+
+    Every rank of a DDP run starts its own pool; one worker per core on each of N local ranks would
+    run N programs per core and time honest ones out.
+    """
+    cores = (info or _cpu_only_platform()).cpu_count
+    return max(1, cores // max(1, local_ranks))
+
+
+def _cpu_only_platform() -> PlatformInfo:
+    cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return PlatformInfo(cpu_count=cpu_count)

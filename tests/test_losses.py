@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlcode.algorithms.losses import mask_truncated, per_token_logps, policy_loss
+from rlcode.algorithms.losses import LossTotals, mask_truncated, per_token_logps, policy_loss
 
 # Two completions, the second one token shorter; its padding holds -inf, which must not leak NaN.
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -30,8 +30,10 @@ def _on_policy_logps():
         ("dr_grpo", {"max_completion_length": 4}, 0.125, [[-0.125] * 3, [0.25, 0.25, 0.0]]),
         # masked sum / local active tokens = 1 / 5, as bnpo on one micro-batch.
         ("dapo", {}, 0.2, [[-0.2] * 3, [0.4, 0.4, 0.0]]),
-        # masked sum / global token count = 1 / 10; d/dlogp = -A / 10.
-        ("dapo", {"num_items_in_batch": 10}, 0.1, [[-0.1] * 3, [0.2, 0.2, 0.0]]),
+        # masked sum / the step's token count = 1 / 10; d/dlogp = -A / 10.
+        ("dapo", {"totals": LossTotals(tokens=10, sequences=4)}, 0.1, [[-0.1] * 3, [0.2, 0.2, 0.0]]),
+        # per-sequence means summed over the step's 4 sequences: (-1 + 2) / 4.
+        ("grpo", {"totals": LossTotals(tokens=10, sequences=4)}, 0.25, [[-1 / 12] * 3, [0.25, 0.25, 0.0]]),
     ],
 )
 def test_loss_types_on_policy(loss_type, extra, expected_loss, expected_grad):
@@ -46,15 +48,32 @@ def test_loss_types_on_policy(loss_type, extra, expected_loss, expected_grad):
     assert parts.kl is None
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
-def test_accumulation_steps_divide_all_but_dapo(loss_type):
-    kwargs = {"loss_type": loss_type, "max_completion_length": 4}
-    single, _ = policy_loss(_on_policy_logps(), ADVANTAGES, MASK, **kwargs)
-    halved, parts = policy_loss(_on_policy_logps(), ADVANTAGES, MASK, accumulation_steps=2, **kwargs)
-    assert halved.item() == pytest.approx(single.item() / 2)
-    assert parts.policy_loss.item() == pytest.approx(single.item())  # logged before the division
-    dapo, _ = policy_loss(_on_policy_logps(), ADVANTAGES, MASK, num_items_in_batch=5, accumulation_steps=2)
-    assert dapo.item() == pytest.approx(0.2)  # the global count already spans the micro-batches
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("split", [[1, 1], [1, 2], [2, 1]])
+def test_micro_batch_losses_add_up_to_the_whole_batch(loss_type, split):
+    """Guards issue 8.2: with the step's totals, micro-batches of any size (a partial last one
+    included) give the loss and gradient of the whole batch; before, each micro-batch was normalised
+    by its own size and divided by the number of micro-batches."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    base = torch.randn(3, 3)
+    old = base + 0.3 * torch.randn(3, 3)
+    kwargs = {"loss_type": loss_type, "max_completion_length": 4, "epsilon_high": 0.28}
+
+    whole_logps = base.clone().requires_grad_(True)
+    whole, _ = policy_loss(whole_logps, advantages, mask, old, **kwargs)
+    whole.backward()
+
+    split_logps = base.clone().requires_grad_(True)
+    totals, total_loss, start = LossTotals.of(mask), 0.0, 0
+    for size in split + [3 - sum(split)] * (sum(split) < 3):
+        rows = slice(start, start + size)
+        loss, _ = policy_loss(split_logps[rows], advantages[rows], mask[rows], old[rows], totals=totals, **kwargs)
+        loss.backward()
+        total_loss, start = total_loss + loss.item(), start + size
+    assert total_loss == pytest.approx(whole.item(), abs=1e-6)
+    torch.testing.assert_close(split_logps.grad, whole_logps.grad)
 
 
 def _off_policy(ratios):
@@ -199,7 +218,6 @@ def test_per_token_logps_gradient_reaches_logits():
         ({"importance_sampling_level": "batch"}, "not one of"),
         ({"beta": 0.04}, "needs ref_logps"),
         ({"loss_type": "dr_grpo"}, "max_completion_length"),
-        ({"accumulation_steps": 0}, "accumulation_steps"),
     ],
 )
 def test_bad_config_names_the_cause(kwargs, message):

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 
 from rlcode.algorithms.advantages import group_advantages  # noqa: E402
-from rlcode.algorithms.losses import per_token_logps, policy_loss  # noqa: E402
+from rlcode.algorithms.losses import LossTotals, per_token_logps, policy_loss  # noqa: E402
 
 TEMPERATURE = 0.7
 MAX_COMPLETION_LENGTH = 8
@@ -143,11 +143,15 @@ def test_loss_and_gradients_match_trl(trainer, loss_type, level, beta, accumulat
 
     model.zero_grad(set_to_none=True)
     logps = _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    # TRL normalises grpo, bnpo and dr_grpo per micro-batch and divides by the accumulation steps;
+    # with equal micro-batches that is rlcode's step totals of accumulation_steps such micro-batches.
+    # dapo divides by num_items_in_batch, the generation batch's token count.
+    tokens = float(num_items_in_batch) if loss_type == "dapo" else float(completion_mask.sum()) * accumulation_steps
+    totals = LossTotals(tokens=tokens, sequences=completion_mask.size(0) * accumulation_steps)
     our_loss, parts = policy_loss(
         logps, advantages, completion_mask, old_logps, ref_logps if beta else None,
         loss_type=loss_type, epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta=beta,
-        importance_sampling_level=level, max_completion_length=MAX_COMPLETION_LENGTH,
-        num_items_in_batch=num_items_in_batch, accumulation_steps=accumulation_steps,
+        importance_sampling_level=level, max_completion_length=MAX_COMPLETION_LENGTH, totals=totals,
     )
     our_loss.backward()
     our_grads = _grads(model)

@@ -5,7 +5,8 @@ reward of its group, optionally divided by a standard deviation:
 
 - ``"group"`` (GRPO, TRL's default): the group's standard deviation, with Bessel's correction.
 - ``"batch"`` (PPO-Lite): one standard deviation over the whole batch, which keeps the relative size
-  of signals from easy and hard prompts.
+  of signals from easy and hard prompts. Under DDP the batch is every rank's (as TRL gathers it):
+  the trainer passes the std of all ranks' rewards as ``batch_std``.
 - ``"none"`` (Dr. GRPO): no scaling; dividing by a group's std up-weights prompts whose rewards
   barely differ (a question-difficulty bias).
 
@@ -100,6 +101,7 @@ def group_advantages(
     group_size: int,
     scale_rewards: RewardScaling = "group",
     eps: float = 1e-4,
+    batch_std: Tensor | float | None = None,
 ) -> tuple[Tensor, AdvantageStats]:
     """Group-relative advantages and reward statistics.
 
@@ -108,6 +110,7 @@ def group_advantages(
         group_size: G, completions per prompt.
         scale_rewards: ``"group"`` (GRPO), ``"batch"`` or ``"none"`` (Dr. GRPO); see the module doc.
         eps: added to the std before dividing (TRL: 1e-4).
+        batch_std: ``"batch"`` only: the std over the whole distributed batch (None: these rewards').
 
     Returns:
         advantages [P * G] (float, detached from ``rewards``' graph) and ``AdvantageStats``.
@@ -125,7 +128,10 @@ def group_advantages(
         std = _group_std(grouped).repeat_interleave(group_size)  # [P * G]
         advantages = advantages / (std + eps)
     elif scale_rewards == "batch":
-        std = _nanstd(rewards) if rewards.numel() > 1 else torch.zeros((), device=rewards.device)
+        if batch_std is not None:
+            std = torch.as_tensor(batch_std, dtype=rewards.dtype, device=rewards.device)
+        else:
+            std = _nanstd(rewards) if rewards.numel() > 1 else torch.zeros((), device=rewards.device)
         advantages = advantages / (std + eps)
     # An unscorable completion (NaN reward) must not move the policy.
     advantages = torch.nan_to_num(advantages, nan=0.0)

@@ -1,15 +1,25 @@
 """Step totals summed over the ranks of a distributed run, in one collective per step.
 
-Every rank needs the same answer to "is there anything to learn from in this step?" (a rank that
-skips its backward while another syncs gradients hangs DDP) and the same ``dapo`` normaliser (tokens
-of the whole step, over every rank, as TRL's ``num_items_in_batch``); the reward mean over all ranks
-is logged beside rank zero's own. On one device the totals are this rank's.
+Every rank needs the same answers to:
+
+- the loss normalisers (``LossTotals``): completions and active tokens of the whole step, over every
+  rank, so a rank's gradient is its share of the loss of the combined batch;
+- the reward std over all ranks, for ``scale_rewards="batch"`` (TRL gathers the rewards of every
+  process before scaling);
+- "is there anything to learn from in this step?" (a rank that skips its backward while another
+  syncs gradients hangs DDP): the number of rows any rank trains on.
+
+Also the reward mean and the share of zero-std groups over all ranks, logged beside rank zero's own.
+On one device the totals are this rank's, without a collective.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from rlcode.algorithms.losses import LossTotals
 
 if TYPE_CHECKING:
     import lightning as L
@@ -21,9 +31,13 @@ class AllRanksTotals:
     """Step totals over every rank (equal to this rank's on one device)."""
 
     world_size: int
-    tokens: float
-    """Loss tokens of the kept completions: dapo's normaliser, and whether anything is to learn."""
+    loss: LossTotals
+    """Completions and loss tokens (after truncation masking) of the step: the loss normalisers."""
+    trained_rows: float
+    """Rows that go through the backward pass (all, or those with signal when filtering)."""
     mean_reward: float
+    reward_std: float
+    """Bessel std of every rank's rewards, NaN left out (NaN when fewer than two)."""
     frac_reward_zero_std: float
 
     def metrics(self) -> dict[str, float]:
@@ -34,16 +48,25 @@ class AllRanksTotals:
                 "frac_reward_zero_std_all_ranks": self.frac_reward_zero_std}
 
 
-def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, kept_tokens: Tensor, frac_zero_std: float) -> AllRanksTotals:
-    """rewards [N] (NaN: unscored), kept_tokens 0-d -> totals of every rank (a no-op on one device)."""
+def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, trained_rows: Tensor,
+                   frac_zero_std: Tensor) -> AllRanksTotals:
+    """rewards [N] (NaN: unscored), loss_mask [N, T], trained_rows and frac_zero_std 0-d -> totals."""
     import torch
 
-    local = torch.stack([rewards.nan_to_num(0.0).sum(), (~rewards.isnan()).sum().float(),
-                         torch.as_tensor(frac_zero_std, dtype=torch.float32, device=rewards.device),
-                         kept_tokens.float().to(rewards.device)])
+    scored = rewards[~rewards.isnan()].double()  # float64: the sum of squares must not cancel
+    device = rewards.device
+
+    def scalar(value) -> Tensor:
+        return torch.as_tensor(value, dtype=torch.float64, device=device).reshape(())
+
+    local = torch.stack([scored.sum(), (scored * scored).sum(), scalar(scored.numel()), scalar(frac_zero_std),
+                         scalar(loss_mask.sum()), scalar(loss_mask.size(0)), scalar(trained_rows)])
     world_size = trainer.world_size
     summed = trainer.strategy.reduce(local.clone(), reduce_op="sum") if world_size > 1 else local
-    reward_sum, reward_count, frac_zero_std_sum, tokens = summed.tolist()
-    return AllRanksTotals(world_size=world_size, tokens=tokens,
-                          mean_reward=reward_sum / reward_count if reward_count else float("nan"),
-                          frac_reward_zero_std=frac_zero_std_sum / world_size)
+    reward_sum, reward_squares, count, frac_zero_std_sum, tokens, sequences, rows = summed.tolist()  # one sync
+    variance = (reward_squares - reward_sum**2 / count) / (count - 1) if count > 1 else math.nan
+    return AllRanksTotals(
+        world_size=world_size, loss=LossTotals(tokens=tokens, sequences=sequences), trained_rows=rows,
+        mean_reward=reward_sum / count if count else math.nan, reward_std=math.sqrt(max(variance, 0.0)),
+        frac_reward_zero_std=frac_zero_std_sum / world_size,
+    )

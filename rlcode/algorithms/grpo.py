@@ -1,7 +1,7 @@
 """GRPO as a LightningModule: one training step reads as the algorithm.
 
     prompts -> G completions each -> rewards (started, running in the sandbox pool)
-            -> meanwhile: old log-probs (num_iterations > 1) and reference log-probs (beta > 0)
+            -> meanwhile: reference log-probs (beta > 0)
             -> group advantages -> clipped policy loss, micro-batched -> optimizer step
 
 Manual optimization, because one batch of prompts is a whole RL iteration: generation, scoring and
@@ -9,12 +9,15 @@ Manual optimization, because one batch of prompts is a whole RL iteration: gener
 left in ``self.last_step`` (a StepRecord); the module logs nothing itself.
 
 The model, tokenizer, rollout backend and reward functions are built in ``configure_model`` (so
-``--print_config`` and tests of the config surface stay light, and FSDP can wrap the model) and kept
-on ``self``, outside the hyperparameters.
+``--print_config`` and tests of the config surface stay light) and kept on ``self``, outside the
+hyperparameters. Dropout is off in the policy (as TRL's ``disable_dropout``): the log-probs of the
+loss must be those of the policy that sampled, which generates in eval mode.
 
-Distributed (DDP): each rank trains on its own prompts (the DataModule shards them), gradients are
-all-reduced once per optimizer step, and the ranks agree, in one all-reduce per step, on whether to
-update and on dapo's token count (see ``rlcode.algorithms.all_ranks_totals``).
+Distributed: DDP. Each rank trains on its own prompts (the DataModule shards them), gradients are
+all-reduced once per optimizer update, and the ranks agree, in one all-reduce per step, on the loss
+normalisers, the batch reward std and whether to update (``rlcode.algorithms.all_ranks_totals``), so
+a 2-rank step equals a 1-rank step on the combined batch. FSDP is not supported: the step runs
+several forward/backward pairs and generation outside the wrapped module's forward.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
 from rlcode.algorithms.all_ranks_totals import sum_over_ranks
 from rlcode.algorithms.gradient_sync import clip_grad_norm, no_gradient_sync
-from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated, policy_loss
+from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, mask_truncated, policy_loss
+from rlcode.algorithms.optimizer_steps import count_step_without_update, update
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
 from rlcode.algorithms.step_record import StepRecord, timed
@@ -79,6 +83,7 @@ class GRPO(L.LightningModule):
         filter_zero_std_groups: bool = False,
         mask_truncated_completions: bool = False,
         max_grad_norm: float | None = 1.0,
+        disable_dropout: bool = True,
         dry_run: bool = False,
     ) -> None:
         """Group Relative Policy Optimization of a causal LM on code rewards.
@@ -94,13 +99,15 @@ class GRPO(L.LightningModule):
                 functions, summed with ``reward_weights``.
             reward_weights: one weight per reward (None: all 1.0).
             reward_timeout: seconds each completion may run in the sandbox.
-            sandbox_workers: sandbox worker processes (None: one per CPU core).
+            sandbox_workers: sandbox worker processes (None: the CPU cores shared among the
+                node's ranks).
             num_generations: G, completions sampled per prompt (the group of GRPO's baseline).
             max_new_tokens: generation limit per completion.
             temperature: sampling temperature (also used to score tokens, as TRL does).
             top_p: nucleus sampling mass (1.0: off).
             top_k: sample from the k most likely tokens (0: off).
-            stop: strings that end a completion early (e.g. the closing code fence).
+            stop: strings that end a completion early (None: those of the data's prompt format,
+                the closing code fence for chat, ``[DONE]`` for the MBPP paper's plain format).
             rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
                 same GPU, weights synced after every optimizer step).
             vllm_gpu_memory_utilization: share of GPU memory the vLLM engine may take.
@@ -118,9 +125,13 @@ class GRPO(L.LightningModule):
                 old log-probs so the clip acts).
             micro_batch_size: completions per forward/backward pass; gradients accumulate over
                 the whole group batch before each optimizer step.
-            filter_zero_std_groups: skip groups whose rewards are all equal (no signal) in the loss.
+            filter_zero_std_groups: skip the backward pass of groups whose rewards are all equal: a
+                pure speed-up, the update is the same (with beta > 0 nothing is skipped, since the KL
+                term of such groups has a gradient).
             mask_truncated_completions: leave completions that hit max_new_tokens out of the loss.
             max_grad_norm: clip the gradient norm before each optimizer step (None: no clipping).
+            disable_dropout: turn every dropout of the policy off (TRL's default): with dropout on,
+                the scored log-probs are not those of the sampling policy and the ratio is noise.
             dry_run: generate and score, but never update the weights (checks a setup end to end;
                 steps are still counted, so max_steps ends it).
         """
@@ -145,23 +156,47 @@ class GRPO(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        from rlcode.models import is_lora_model, load_model, load_tokenizer
+        from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
         self.tokenizer = load_tokenizer(hp.model_name)
         lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a plain dict
         self.policy = load_model(hp.model_name, precision=hp.precision,
                                  gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
+        if hp.disable_dropout:
+            disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
         if hp.beta != 0.0 and not is_lora_model(self.policy):
             # Copied before any checkpoint is restored: the reference stays the starting policy.
             # object.__setattr__: nn.Module would register it as a submodule, and every checkpoint
-            # would carry a second copy of the weights.
-            object.__setattr__(self, "_reference", copy.deepcopy(self.policy).requires_grad_(False).eval())
+            # would carry a second copy of the weights. Only ever run forward, so it is kept in the
+            # compute dtype (bf16 under bf16-mixed: half the memory of the fp32 master weights).
+            reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+            object.__setattr__(self, "_reference", reference.to(compute_dtype(self._training_precision())))
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
                                      vllm_gpu_memory_utilization=hp.vllm_gpu_memory_utilization)
+
+    def sandbox_workers(self) -> int:
+        """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
+        from rlcode.platform import default_sandbox_workers
+
+        local_ranks = self._trainer.num_devices if self._trainer is not None else 1
+        return self.hparams.sandbox_workers or default_sandbox_workers(local_ranks)
+
+    def stop_strings(self) -> list[str]:
+        """``stop``, or (None) the stop strings of the DataModule's prompt format."""
+        if self.hparams.stop is not None:
+            return list(self.hparams.stop)
+        from rlcode.data.prompts import STOP_SEQUENCES
+
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return list(STOP_SEQUENCES.get(getattr(datamodule, "prompt_format", None), []))
+
+    def _training_precision(self) -> str:
+        """The trainer's precision string when attached (it decides autocast), else ``precision``."""
+        return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
 
     def _sync_rollout_weights(self) -> None:
         # vLLM holds its own copy of the weights: rollouts must come from the current policy.
@@ -176,7 +211,7 @@ class GRPO(L.LightningModule):
         from rlcode.algorithms.reward_factory import build_rewards
 
         functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
-                                                 workers=self.hparams.sandbox_workers)
+                                                 workers=self.sandbox_workers())
         return RewardMixture(functions, self.hparams.reward_weights)
 
     def teardown(self, stage: str) -> None:
@@ -214,30 +249,25 @@ class GRPO(L.LightningModule):
         reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
 
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
-            old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
             ref_logps = self._reference_logps(rollout) if hp.beta != 0.0 else None
 
         with timed(timings, "rewards_wait"):
             outcome = reward_job.result()
         rewards = torch.tensor(outcome.total, dtype=torch.float32, device=self.device)
-        advantages, stats = group_advantages(rewards, group, hp.scale_rewards)
-
-        loss_mask = rollout.completion_mask
-        if hp.mask_truncated_completions:
-            loss_mask = mask_truncated(loss_mask, rollout.truncated)
-        keep = torch.ones_like(rewards, dtype=torch.bool)
-        if hp.filter_zero_std_groups:
-            keep = ~zero_std_group_mask(rewards, group)
-        batch_totals = sum_over_ranks(self.trainer, rewards, loss_mask[keep].sum(), stats.frac_reward_zero_std)
-        # Decided on the tokens of every rank: under DDP a rank that skipped its backward while
-        # another synced gradients would hang the run.
-        update = not hp.dry_run and batch_totals.tokens > 0
+        loss_mask = mask_truncated(rollout.completion_mask, rollout.truncated) \
+            if hp.mask_truncated_completions else rollout.completion_mask
+        zero_std = zero_std_group_mask(rewards, group)  # [N]: rows whose group has no signal
+        rows = self._rows_to_train(zero_std)
+        totals = sum_over_ranks(self.trainer, rewards, loss_mask, len(rows), zero_std.float().mean())  # one collective
+        advantages, stats = group_advantages(rewards, group, hp.scale_rewards, batch_std=totals.reward_std)
+        # Decided on every rank's rows: under DDP a rank that skipped its backward while another
+        # synced gradients would hang the run.
+        update = not hp.dry_run and totals.trained_rows > 0 and totals.loss.tokens > 0
 
         with timed(timings, "update"):
-            loss_parts = (self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep, batch_totals.tokens)
-                          if update else {})
+            loss_parts = self._update(rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
         if not update:
-            self._step_without_update()
+            count_step_without_update(self.optimizers())
 
         timings["step"] = time.perf_counter() - step_started
         timings["rewards"] = outcome.seconds
@@ -247,9 +277,22 @@ class GRPO(L.LightningModule):
             rewards=outcome.total, rewards_by_function=outcome.by_function, details=outcome.details,
             advantages=advantages.tolist(), completion_lengths=rollout.completion_mask.sum(1).long().tolist(),
             truncated=rollout.truncated.tolist(), frac_reward_zero_std=float(stats.frac_reward_zero_std),
-            updated=update, loss=loss_parts, reward_metrics={**outcome.metrics, **batch_totals.metrics()},
+            updated=update, loss=loss_parts, reward_metrics={**outcome.metrics, **totals.metrics()},
             timings=timings,
         )
+
+    def _rows_to_train(self, zero_std):
+        """Indices of the completions that go through the backward pass.
+
+        ``filter_zero_std_groups`` is a pure speed-up: a group whose rewards are all equal has
+        advantage 0, so its surrogate and gradient are exactly 0 and skipping it changes nothing
+        (the loss normalisers still count every completion). With ``beta > 0`` its KL term does
+        have a gradient, so then every row is trained. The one visible difference: when no row of
+        any rank has signal, the optimizer is not stepped at all (no weight decay, no momentum).
+        """
+        if self.hparams.filter_zero_std_groups and self.hparams.beta == 0.0:
+            return (~zero_std).nonzero().flatten()
+        return torch.arange(zero_std.numel(), device=zero_std.device)
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -262,7 +305,7 @@ class GRPO(L.LightningModule):
         if self._judge is None:
             from rlcode.rewards import MBPPTestsPassed
 
-            self._judge = MBPPTestsPassed(timeout=self.hparams.reward_timeout, workers=self.hparams.sandbox_workers)
+            self._judge = MBPPTestsPassed(timeout=self.hparams.reward_timeout, workers=self.sandbox_workers())
         prompts = [self.render(p) for p in batch["prompt"]]
         rollout = self.generate(prompts, 1, temperature=0.0, seed=0)
         columns = {name: batch[name] for name in REWARD_COLUMNS if name in batch}
@@ -271,56 +314,55 @@ class GRPO(L.LightningModule):
         self.log(f"{prefix}/pass_rate", sum(passed) / count, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(sum(passed)), reduce_fx="sum", batch_size=count)
 
-    def _update(self, rollout: RolloutBatch, loss_mask, advantages, old_logps, ref_logps, keep,
-                all_ranks_tokens: float) -> dict[str, float]:
-        """``num_iterations`` optimizer steps over the kept completions, micro-batched.
+    def _update(self, rollout: RolloutBatch, loss_mask, advantages, ref_logps, rows, totals: LossTotals
+                ) -> dict[str, float]:
+        """``num_iterations`` optimizer updates over ``rows``, micro-batched; one counted step.
 
-        Under DDP, gradients are all-reduced once per optimizer step: every micro-batch but the last
-        runs its backward in the strategy's ``block_backward_sync`` (DDP's ``no_sync``), which is
-        also what lets ranks run different numbers of micro-batches. A rank whose groups were all
-        filtered out still joins the one sync with a zero-weighted backward of one completion.
+        The losses are normalised by the whole step's totals (every row, every rank: see
+        ``rlcode.algorithms.losses``), so micro-batch size and rank count do not change the update.
+        The first pass's log-probs, computed under the weights that sampled the rollouts, are the
+        old log-probs of the later passes (no extra forward pass; its ratio is exactly 1).
+
+        Under DDP, gradients are all-reduced once per optimizer update: every micro-batch but the
+        last runs its backward in the strategy's ``block_backward_sync`` (DDP's ``no_sync``), which
+        is also what lets ranks run different numbers of micro-batches. A rank with no row to train
+        still joins the one sync with a zero-weighted backward of one completion; DDP averages
+        gradients over ranks, so each rank's loss is scaled by the world size.
         """
         hp = self.hparams
         optimizer = self.optimizers()
-        rows = keep.nonzero().flatten()
         contributes = len(rows) > 0
-        micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=keep.device)]
-        # dapo's normaliser: every token of the step, on every rank, weighs the same. TRL divides by
-        # the token count of all processes over num_processes, since DDP then averages the gradients
-        # over the world size: sum over ranks of (local token-loss sum) / all tokens, as on one device.
-        tokens_in_batch = torch.tensor(all_ranks_tokens / self.trainer.world_size, device=self.device)
-        totals: dict[str, float] = {}
-        for _ in range(hp.num_iterations):
+        micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=self.device)]
+        old_logps = torch.zeros_like(loss_mask, dtype=torch.float32) if hp.num_iterations > 1 else None
+        parts_sum: dict[str, Any] = {}
+        for iteration in range(hp.num_iterations):
             for position, index in enumerate(micro_batches):
                 logps = completion_logps(self.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                          rollout.completion_ids[index], rollout.completion_mask[index],
                                          hp.temperature)
+                if iteration == 0 and old_logps is not None:
+                    old_logps[index] = logps.detach()
                 loss, parts = policy_loss(
                     logps, advantages[index], loss_mask[index],
-                    None if old_logps is None else old_logps[index],
+                    None if iteration == 0 else old_logps[index],
                     None if ref_logps is None else ref_logps[index],
                     loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
                     beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                    max_completion_length=hp.max_new_tokens, num_items_in_batch=tokens_in_batch,
-                    accumulation_steps=len(micro_batches))
-                if not contributes:
-                    loss = loss * 0.0  # zero gradients, but the backward (and its all-reduce) still runs
+                    max_completion_length=hp.max_new_tokens, totals=totals)
                 last = position == len(micro_batches) - 1
+                scale = self.trainer.world_size if contributes else 0.0  # 0: join the sync, move nothing
                 with nullcontext() if last else no_gradient_sync(self.trainer.strategy):
-                    self.manual_backward(loss)
+                    self.manual_backward(loss * scale)
                 if contributes:
-                    _accumulate(totals, {"loss": loss.detach(), **parts.as_dict()},
-                                len(micro_batches) * hp.num_iterations)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                    _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
+            update(optimizer, counted=iteration == hp.num_iterations - 1)
         self._sync_rollout_weights()
         if not contributes:
-            return totals
-        # micro-batch losses are shares of the step's loss (they sum to it); the other parts are means
-        totals["loss"] *= len(micro_batches)
-        if hp.loss_type == "dapo":
-            totals["policy_loss"] *= len(micro_batches)
-        return totals
+            return {}
+        # Loss shares add up to the step's loss; the other parts are means over micro-batches.
+        passes = hp.num_iterations
+        return {key: float(value) / (passes if key in ("loss", "policy_loss") else passes * len(micro_batches))
+                for key, value in parts_sum.items()}
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
@@ -342,7 +384,7 @@ class GRPO(L.LightningModule):
         hp = self.hparams
         params = SamplingParams(temperature=temperature, top_p=hp.top_p, top_k=hp.top_k,
                                 max_new_tokens=max_new_tokens or hp.max_new_tokens,
-                                stop=list(hp.stop or []), seed=seed)
+                                stop=self.stop_strings(), seed=seed)
         rollout = self.backend.generate(prompts, num_generations, params)
         # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
         # vLLM returns CPU tensors. The loss gets ordinary copies on the policy's device.
@@ -365,16 +407,6 @@ class GRPO(L.LightningModule):
     def _sampling_seed(self) -> int:
         return (self.hparams.generation_seed * 1_000_003 + self.global_step) * 1009 + self.global_rank
 
-    def _step_without_update(self) -> None:
-        """Count a step that changes nothing (dry run, or every group filtered out).
-
-        Lightning counts optimizer steps: max_steps, checkpoints and evals follow that count. With
-        every gradient None, AdamW skips every parameter, so weights and moments stay untouched.
-        """
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
-
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from rlcode.models import is_lora_model
@@ -389,6 +421,7 @@ def _repeat_each(values: list, times: int) -> list:
     return [value for value in values for _ in range(times)]
 
 
-def _accumulate(totals: dict[str, float], parts: dict[str, Any], count: int) -> None:
+def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
+    """Add detached 0-d tensors on the device: no host sync per micro-batch."""
     for key, value in parts.items():
-        totals[key] = totals.get(key, 0.0) + float(value) / count
+        sums[key] = sums[key] + value if key in sums else value

@@ -8,15 +8,24 @@ One clipped surrogate, four ways to average it over tokens, optional k3 KL to a 
     kl_t      = (exp(ref_t - logp_t) - (ref_t - logp_t) - 1) * ratio_t      (k3, importance-weighted)
     per_token = surrogate + beta * kl_t
 
-    grpo    : mean over sequences of (masked sum over tokens / that sequence's length)
-    bnpo    : masked sum / active tokens in this micro-batch
-    dr_grpo : masked sum / (B * max_completion_length)
-    dapo    : masked sum / active tokens in the whole batch behind one optimizer step
+    grpo    : sum over sequences of (masked sum over tokens / that sequence's length) / S
+    bnpo    : masked sum / N
+    dr_grpo : masked sum / (S * max_completion_length)
+    dapo    : masked sum / N
 
-This matches TRL 1.16 ``GRPOTrainer._compute_loss`` for these loss types (tests/test_trl_parity.py
-checks loss and gradients to 1e-5). Simplifications against TRL, on purpose: no entropy bonus,
-top-entropy token mask, two-sided ``delta`` clip, off-policy sequence masking or vLLM importance
-correction; advantages are one scalar per sequence (a [B, T] tensor is accepted for per-token ones).
+S and N are the completions and active tokens of the *whole optimizer step* (every micro-batch, every
+rank: ``LossTotals``), not of the micro-batch being computed. So the micro-batch losses of a step add
+up to the loss of the whole batch computed at once: the gradient does not depend on the micro-batch
+size, a partial last micro-batch weighs no more than a full one, and under DDP a rank with fewer
+completions weighs less. With step totals ``bnpo`` and ``dapo`` are the same loss; TRL 1.16 differs
+only in normalising ``bnpo`` (and ``grpo``, ``dr_grpo``) per micro-batch and dividing by the
+accumulation steps, which weighs micro-batches of unequal size unequally. Called without
+``totals`` the micro-batch is the whole step, which is TRL's arithmetic for one micro-batch
+(tests/test_trl_parity.py checks loss and gradients to 1e-5, mapping TRL's accumulation onto totals).
+
+Simplifications against TRL, on purpose: no entropy bonus, top-entropy token mask, two-sided
+``delta`` clip or off-policy sequence masking; advantages are one scalar per sequence (a [B, T]
+tensor is accepted for per-token ones).
 
 Defaults, and why:
 
@@ -54,12 +63,29 @@ IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 @dataclass(frozen=True)
+class LossTotals:
+    """Counts over everything whose gradients sum into one optimizer step (all micro-batches, all ranks).
+
+    ``tokens`` is the active-token count (``completion_mask`` after any masking), ``sequences`` the
+    number of completions, padding-only ones included (TRL's ``grpo`` mean counts them too).
+    """
+
+    tokens: float
+    sequences: float
+
+    @staticmethod
+    def of(completion_mask: Tensor) -> "LossTotals":
+        """The totals of one [B, T] mask taken as the whole step."""
+        return LossTotals(tokens=float(completion_mask.sum()), sequences=float(completion_mask.size(0)))
+
+
+@dataclass(frozen=True)
 class LossParts:
     """Detached 0-d tensors for logging. Token means count each active token once; at sequence
     level the ratio and clip fractions count each sequence once (as TRL logs them)."""
 
     policy_loss: Tensor
-    """The clipped surrogate alone, averaged like the loss (before dividing by accumulation steps)."""
+    """The clipped surrogate alone, this micro-batch's share of it (normalised like the loss)."""
     ratio_mean: Tensor
     """Mean importance ratio pi / pi_old (1.0 on policy)."""
     clip_frac_low: Tensor
@@ -123,26 +149,15 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _aggregate(
-    per_token: Tensor,
-    mask: Tensor,
-    loss_type: str,
-    max_completion_length: int | None,
-    num_items_in_batch: Tensor | float | None,
-) -> Tensor:
-    """per_token [B, T], mask [B, T] -> 0-d loss, normalised as ``loss_type`` says."""
-    import torch
-
+def _aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int | None,
+               totals: LossTotals) -> Tensor:
+    """per_token [B, T], mask [B, T] -> 0-d share of the step's loss, normalised as ``loss_type`` says."""
     masked_sum = per_token * mask  # [B, T]
     if loss_type == "grpo":
-        return (masked_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "bnpo":
-        return masked_sum.sum() / mask.sum().clamp(min=1.0)
+        return (masked_sum.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / max(totals.sequences, 1.0)
     if loss_type == "dr_grpo":
-        return masked_sum.sum() / (per_token.size(0) * max_completion_length)
-    # dapo
-    total = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch)
-    return masked_sum.sum() / total.to(per_token.device, per_token.dtype).clamp(min=1.0)
+        return masked_sum.sum() / (max(totals.sequences, 1.0) * max_completion_length)
+    return masked_sum.sum() / max(totals.tokens, 1.0)  # bnpo, dapo
 
 
 def _check_inputs(
@@ -155,7 +170,6 @@ def _check_inputs(
     level: str,
     beta: float,
     max_completion_length: int | None,
-    accumulation_steps: int,
 ) -> None:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r} is not one of {LOSS_TYPES}.")
@@ -174,8 +188,6 @@ def _check_inputs(
         raise ValueError(f"beta={beta} needs ref_logps (the reference model's log-probs); pass them or set beta=0.")
     if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length < 1):
         raise ValueError("loss_type='dr_grpo' divides by max_completion_length: pass the generation token limit.")
-    if accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}.")
 
 
 def policy_loss(
@@ -191,8 +203,7 @@ def policy_loss(
     beta: float = 0.0,
     importance_sampling_level: ImportanceSamplingLevel = "token",
     max_completion_length: int | None = None,
-    num_items_in_batch: Tensor | float | None = None,
-    accumulation_steps: int = 1,
+    totals: LossTotals | None = None,
 ) -> tuple[Tensor, LossParts]:
     """The clipped GRPO-family surrogate (plus ``beta`` * k3 KL) for one micro-batch.
 
@@ -208,19 +219,19 @@ def policy_loss(
         beta: weight of the k3 KL term.
         importance_sampling_level: ``token`` or ``sequence`` (GSPO).
         max_completion_length: generation token limit; ``dr_grpo``'s normaliser.
-        num_items_in_batch: ``dapo`` only: active tokens over all micro-batches whose gradients sum
-            into one optimizer step (None: this micro-batch's count).
-        accumulation_steps: micro-batches per optimizer step; ``grpo``, ``bnpo`` and ``dr_grpo``
-            divide by it so summed gradients average (``dapo``'s global count already does).
+        totals: token and completion counts of the whole optimizer step (all micro-batches, all
+            ranks); None: this micro-batch is the whole step.
 
     Returns:
-        loss (0-d, differentiable) and ``LossParts`` (detached, for logging).
+        loss (0-d, differentiable: this micro-batch's share of the step's loss) and ``LossParts``
+        (detached, for logging).
     """
     import torch
 
     _check_inputs(logps, advantages, completion_mask, old_logps, ref_logps, loss_type,
-                  importance_sampling_level, beta, max_completion_length, accumulation_steps)
+                  importance_sampling_level, beta, max_completion_length)
     mask = completion_mask.to(logps.dtype)  # [B, T]
+    totals = totals or LossTotals.of(completion_mask)
     active = mask.bool()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # [B, 1]
@@ -247,15 +258,13 @@ def policy_loss(
         if beta != 0.0:
             per_token = surrogate + beta * per_token_kl
 
-    loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
-    if loss_type != "dapo":
-        loss = loss / accumulation_steps
+    loss = _aggregate(per_token, mask, loss_type, max_completion_length, totals)
 
     with torch.no_grad():
         is_low = (ratio < 1 - epsilon_low) & (advantages < 0)
         is_high = (ratio > 1 + epsilon_high) & (advantages > 0)
         parts = LossParts(
-            policy_loss=_aggregate(surrogate.detach(), mask, loss_type, max_completion_length, num_items_in_batch),
+            policy_loss=_aggregate(surrogate.detach(), mask, loss_type, max_completion_length, totals),
             ratio_mean=_masked_mean(ratio.detach(), mask),
             clip_frac_low=_masked_mean(is_low.to(mask.dtype), mask),
             clip_frac_high=_masked_mean(is_high.to(mask.dtype), mask),

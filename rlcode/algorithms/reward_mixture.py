@@ -21,7 +21,8 @@ class RewardOutcome:
     """Rewards of one batch of completions (all lists have one entry per completion)."""
 
     total: list[float]
-    """Weighted sum over functions (NaN when any weighted function returned None/NaN)."""
+    """Weighted sum over the functions that scored the completion (None/NaN counts as missing, as
+    TRL's ``nansum``); NaN only when every function returned None."""
     by_function: dict[str, list[float]]
     """Unweighted rewards of each function, keyed by its name."""
     details: list[str]
@@ -82,7 +83,7 @@ class RewardJob:
             if len(values) != self.count:
                 raise ValueError(f"reward {name!r} returned {len(values)} values for {self.count} completions")
             by_function[name] = values
-        total = [sum(w * by_function[n][i] for n, w in zip(self.mixture.names, self.mixture.weights))
+        total = [_nansum([w * by_function[n][i] for n, w in zip(self.mixture.names, self.mixture.weights)])
                  for i in range(self.count)]
         first = self.mixture.functions[0]
         details = list(getattr(first, "last_details", None) or [""] * self.count)
@@ -92,6 +93,12 @@ class RewardJob:
                 if isinstance(value, (int, float)):
                     metrics[f"{name}/{key}"] = float(value)
         return RewardOutcome(total, by_function, details, metrics, time.perf_counter() - self.started)
+
+
+def _nansum(values: list[float]) -> float:
+    """Sum of the non-NaN values; NaN when all are NaN (the completion is then left out of training)."""
+    present = [value for value in values if not math.isnan(value)]
+    return sum(present) if present else math.nan
 
 
 class _Done:

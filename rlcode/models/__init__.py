@@ -2,6 +2,7 @@
 
 from rlcode.models.adapters import LoraSettings, is_lora_model, null_reference_mode, reference_mode
 from rlcode.models.aliases import MODEL_ALIASES, ModelAlias, cache_root
+from rlcode.models.dropout import disable_dropout
 from rlcode.models.loading import compute_dtype, load_model, load_tokenizer, resolve_model_source, weight_dtype
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "ModelAlias",
     "cache_root",
     "compute_dtype",
+    "disable_dropout",
     "is_lora_model",
     "load_model",
     "load_tokenizer",

@@ -21,14 +21,16 @@ class LoraSettings:
     Args:
         r: rank of the low-rank update.
         alpha: scaling numerator; the update is scaled by alpha / r.
-        dropout: dropout on the adapter input.
+        dropout: dropout on the adapter input. 0 by default: RL scores the policy's own samples,
+            and any dropout makes those scores differ from the sampling policy (see
+            ``rlcode.models.dropout``); GRPO turns it off anyway unless ``disable_dropout=False``.
         target_modules: module names to adapt, or "all-linear" for every linear layer except the
             output head.
     """
 
     r: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    dropout: float = 0.0
     target_modules: str | Sequence[str] = "all-linear"
     extra: dict[str, Any] = field(default_factory=dict)
 

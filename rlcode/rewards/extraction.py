@@ -67,6 +67,8 @@ def extract_code(completion, entry_point: str | None = None) -> str:
 
 
 def _strip_stray_fences(text: str) -> str:
-    # Raw text that still carries an unmatched [DONE] or a closing fence would not parse.
-    text = text.replace("[DONE]", "")
+    # A base model answering the MBPP paper's prompt (which ends in [BEGIN]) writes its code, then
+    # [DONE], then often more text: the program is what precedes the first [DONE]. Raw text that
+    # still carries a closing fence would not parse either.
+    text = text.split("[DONE]", 1)[0]
     return re.sub(r"^\s*```.*$", "", text, flags=re.MULTILINE)
