@@ -159,5 +159,52 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 
+def _run_equivalence(out_dir: Path, devices: int) -> None:
+    """One GRPO step on fixed rollouts (grpo_harness): 2 prompts per rank on ``devices`` ranks, or
+    the same 4 prompts on one device; rank zero saves the update's (all-reduced) gradients."""
+    import torch
+
+    from grpo_harness import GradientRecorder, build_module, fit_steps
+
+    torch.set_num_threads(1)
+    recorder = GradientRecorder()
+    # grpo (per-sequence means), batch-std scaling and micro-batches of 3 over 4 rows per rank (a
+    # partial last one): each weighed by local counts before; the step's totals over ranks now.
+    module = build_module(loss_type="grpo", scale_rewards="batch", micro_batch_size=3, configure=False)
+    strategy = "auto" if devices == 1 else __import__("lightning").pytorch.strategies.DDPStrategy(
+        process_group_backend="gloo")
+    trainer = fit_steps(module, steps=1, prompts_per_step=4 // devices, callbacks=[recorder],
+                        devices=devices, strategy=strategy)
+    if trainer.global_rank == 0:
+        torch.save({"gradients": recorder.updates[0], "advantages": module.last_step.advantages},
+                   out_dir / f"gradients_{devices}.pt")
+
+
+def test_two_rank_step_equals_one_rank_step_on_the_combined_batch(tmp_path):
+    """Guards issues 8.2 and 8.4: a 2-process DDP step gives the gradient of a 1-process step on both
+    ranks' rows together (not only "the two ranks agree"): loss normalisers are step totals over
+    ranks, and scale_rewards="batch" divides by the std of every rank's rewards."""
+    import torch
+
+    from grpo_harness import assert_same_gradients
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        env.pop(name, None)
+    for devices in (1, 2):
+        done = subprocess.run([sys.executable, str(Path(__file__)), str(tmp_path), "equivalence", str(devices)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+    one = torch.load(tmp_path / "gradients_1.pt")
+    two = torch.load(tmp_path / "gradients_2.pt")
+    # rank 0's advantages are the first half of the combined batch's: same batch std
+    assert two["advantages"] == pytest.approx(one["advantages"][:len(two["advantages"])], abs=1e-6)
+    assert_same_gradients(two["gradients"], one["gradients"], tolerance=1e-6)
+
+
 if __name__ == "__main__":
+    if sys.argv[2] == "equivalence":
+        _run_equivalence(Path(sys.argv[1]), int(sys.argv[3]))
+        sys.exit(0)
     _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=sys.argv[3:] == ["signal"])
