@@ -83,6 +83,7 @@ class RLCodeCLI(LightningCLI):
             import torch
 
             torch.set_num_threads(config["run"]["cpu_threads"])
+        _choose_precision(config)
         self._resume_version = None
         if config.get("ckpt_path") == "last":
             config["ckpt_path"], version = _find_last_checkpoint(config["run"])
@@ -104,6 +105,22 @@ class RLCodeCLI(LightningCLI):
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
+
+
+def _choose_precision(config) -> None:
+    """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
+    older, 32-true on CPU). Says what it found and chose, once, at start."""
+    from rlcode.platform import default_precision, detect_platform
+
+    info = detect_platform()
+    chosen = config["trainer"].get("precision")
+    how = "from the config"
+    if chosen is None:
+        chosen, how = default_precision(info), "chosen for this hardware"
+        config["trainer"]["precision"] = chosen
+        if "precision" in config.get("model", {}):
+            config["model"]["precision"] = _weight_precision(chosen)
+    print(f"platform: {info.describe()}; precision {chosen} ({how})", flush=True)
 
 
 def _weight_precision(precision) -> str:
