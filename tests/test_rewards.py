@@ -40,6 +40,57 @@ def test_begin_done_format():
     assert extract_code("[BEGIN] x = 1") == " x = 1"
 
 
+# What a base model writes after the MBPP paper's prompt (which ends in "[BEGIN]\n"): its answer, then
+# [DONE], then it goes on with a task of its own and that task's [BEGIN]...[DONE] span.
+BASE_MODEL_COMPLETION = (
+    "def similar_elements(test_tup1, test_tup2):\r\n  res = tuple(set(test_tup1) & set(test_tup2))\r\n"
+    "  return (res) \n[DONE]\n\nYou are an expert Python programmer, and here is your task: Write a "
+    "function to find the maximum of two numbers. Your code should pass these tests:\n\n"
+    "assert maximum(5,10) == 10\n[BEGIN]\ndef maximum(a,b):\n  return max(a, b)\n[DONE]\n"
+)
+
+
+def test_base_model_answer_is_cut_at_its_first_done():
+    """Guards issue 8.12: the answer to a prompt ending in [BEGIN] is what precedes the first [DONE].
+    Before, the text after [DONE] was kept (a syntax error) or the model's own next task was taken."""
+    code = extract_code(BASE_MODEL_COMPLETION, entry_point="similar_elements")
+    assert code.startswith("def similar_elements(") and code.rstrip().endswith("return (res)")
+    compile(code, "<completion>", "exec")
+    assert extract_code("def f():\n    return 1\n[DONE]\nand then some prose") == "def f():\n    return 1"
+
+
+def test_plain_prompt_format_stops_at_done():
+    """Guards issue 8.12: with model.stop unset, generation stops at the prompt format's stop strings
+    ([DONE] for the MBPP paper's format, the closing fence for chat); an explicit stop wins."""
+    from types import SimpleNamespace
+
+    from rlcode.algorithms.grpo import GRPO
+
+    module = GRPO(model_name="tiny-random")
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(prompt_format="plain"))
+    assert module.stop_strings() == ["[DONE]"]
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(prompt_format="chat"))
+    assert "\n```\n" in module.stop_strings()
+    assert GRPO(model_name="tiny-random", stop=["END"]).stop_strings() == ["END"]
+
+
+def test_a_reward_function_returning_none_leaves_the_others_in_the_total():
+    """Guards issue 8.5: as TRL's nansum, a None from one function does not make the total NaN; NaN
+    only when every function returned None."""
+    import math
+
+    from rlcode.algorithms.reward_mixture import RewardMixture
+
+    def first(prompts, completions, **columns):
+        return [None, 1.0, None]
+
+    def second(prompts, completions, **columns):
+        return [0.5, None, None]
+
+    outcome = RewardMixture([first, second], [2.0, 1.0]).start(["p"] * 3, ["a", "b", "c"]).result()
+    assert outcome.total[:2] == [0.5, 2.0] and math.isnan(outcome.total[2])
+
+
 def test_raw_text_is_the_code():
     assert extract_code("def f():\n    return 1\n") == "def f():\n    return 1"
 

@@ -34,12 +34,18 @@ def _content_text(content) -> str:
 
 
 def code_blocks(text: str) -> list[str]:
-    """Candidate programs in order of appearance: Python (or untagged) fenced blocks, else
-    [BEGIN]...[DONE] spans. Empty when the text has neither."""
+    """Candidate programs in order of appearance: Python (or untagged) fenced blocks, else the text
+    before a leading [DONE] and the [BEGIN]...[DONE] spans. Empty when the text has none of these."""
     fenced = [body for tag, body in _FENCE.findall(text) if tag.lower() in _PYTHON_TAGS]
     if fenced:
         return fenced
-    return _BEGIN_DONE.findall(text)
+    spans = _BEGIN_DONE.findall(text)
+    done, begin = text.find("[DONE]"), text.find("[BEGIN]")
+    if done != -1 and (begin == -1 or done < begin):
+        # The prompt ended in [BEGIN] (the MBPP paper's format): the answer is what precedes the first
+        # [DONE]. A base model then often writes another task and its [BEGIN]...[DONE] span.
+        spans.insert(0, text[:done])
+    return spans
 
 
 def extract_code(completion, entry_point: str | None = None) -> str:
