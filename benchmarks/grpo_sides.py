@@ -20,11 +20,13 @@ What is the same on both sides (and why):
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import resource
 import time
 from dataclasses import asdict, dataclass
 
-DEFAULT_MBPP = "/work/shared/data/mbpp/mbpp.jsonl"  # used when MBPP_DATASET_PATH is unset
+# used when MBPP_DATASET_PATH is unset: the shared copy beside the repository
+DEFAULT_MBPP = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 
 # Token counts of the TRL side, appended by the reward (the one place TRL hands out completion ids).
 _TRL_TOKENS_PER_CALL: list[int] = []

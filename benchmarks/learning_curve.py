@@ -34,7 +34,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MBPP = "/work/shared/data/mbpp/mbpp.jsonl"  # used when MBPP_DATASET_PATH is unset
+# used when MBPP_DATASET_PATH is unset: the shared copy beside the repository
+DEFAULT_MBPP = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 QUIET = ["--eval.at_start", "false", "--eval.at_end", "false", "--eval.every_n_steps", "0",
          "--checkpoint.every_n_train_steps", "0", "--rollout_log.every_n_steps", "1",
          "--rollout_log.samples_per_step", "1000000"]

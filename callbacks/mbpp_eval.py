@@ -15,7 +15,7 @@ import os
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks.mbpp_scoring import EvalReport, score_policy
+from rlcode.eval.policy_scoring import EvalReport, score_policy
 from callbacks.run_dir import run_dir
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
@@ -104,8 +104,11 @@ class MBPPEval(L.Callback):
     def evaluate(self, trainer, pl_module) -> EvalReport:
         datamodule = trainer.datamodule
         tasks = datamodule.eval_tasks(self.effective_num_questions)
+        from rlcode.data.prompts import build_prompt
+
+        prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         report = score_policy(
-            pl_module, tasks, datamodule.prompt_format, self._sandbox(), step=trainer.global_step,
+            pl_module, prompts, tasks, self._sandbox(), step=trainer.global_step,
             split=datamodule.eval_split, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
             temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
             timeout=self.timeout, batch_size=self.batch_size)

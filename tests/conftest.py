@@ -1,11 +1,11 @@
 """Shared test set-up: tests read MBPP from the vendored copy beside the repository."""
 
 import os
-from pathlib import Path
 
-_SHARED_MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
-if "MBPP_DATASET_PATH" not in os.environ and _SHARED_MBPP.exists():
-    os.environ["MBPP_DATASET_PATH"] = str(_SHARED_MBPP)
+from mbpp_location import SHARED_MBPP
+
+if "MBPP_DATASET_PATH" not in os.environ and SHARED_MBPP.exists():
+    os.environ["MBPP_DATASET_PATH"] = str(SHARED_MBPP)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 # Before any test imports torch: OpenMP threads that spin while waiting starve the sandbox workers on

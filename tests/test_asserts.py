@@ -12,8 +12,9 @@ from rlcode.sandbox.asserts import (MISSING, AssertParseError, bound_names, boun
                                     called_function_name, evaluate_plan, overridable_names,
                                     plan_assert)
 from rlcode.sandbox.plain_data import Opaque
+from mbpp_location import mbpp_file  # noqa: E402
 
-MBPP_DIR = Path(os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")).parent
+MBPP_DIR = mbpp_file().parent
 
 
 def _sources(plan):

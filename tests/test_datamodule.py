@@ -10,8 +10,9 @@ import pytest
 
 from rlcode.data.datamodule import MBPPDataModule, epoch_order, rank_batches
 from rlcode.data.prompts import build_prompt, chat_messages, plain_prompt
+from mbpp_location import mbpp_file  # noqa: E402
 
-MBPP_PATH = os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")
+MBPP_PATH = str(mbpp_file())
 pytestmark = pytest.mark.skipif(not Path(MBPP_PATH).is_file(), reason="MBPP data not found")
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlcode.data import MBPPDataError, MBPPTask, load_mbpp, split_of
+from mbpp_location import mbpp_file  # noqa: E402
 
-SHARED = Path(os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")).parent
+SHARED = mbpp_file().parent
 needs_shared = pytest.mark.skipif(not (SHARED / "mbpp.jsonl").is_file(), reason="MBPP data not found")
 
 # Synthetic records (never real MBPP text): one per split, one with setup and challenge tests.

@@ -19,8 +19,9 @@ import pytest
 from rlcode.data import load_mbpp
 from rlcode.sandbox import SandboxPool
 from rlcode.sandbox.verdict import check_program
+from mbpp_location import mbpp_file  # noqa: E402
 
-MBPP_DIR = Path(os.environ.get("MBPP_DATASET_PATH", "/work/shared/data/mbpp/mbpp.jsonl")).parent
+MBPP_DIR = mbpp_file().parent
 pytestmark = pytest.mark.skipif(not (MBPP_DIR / "mbpp.jsonl").is_file(), reason="MBPP data not found")
 SLOW_TASK, SLOW_TASK_TIMEOUT = 123, 120.0
 

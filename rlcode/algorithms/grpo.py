@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -33,11 +32,12 @@ import torch
 
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
 from rlcode.algorithms.all_ranks_totals import sum_over_ranks
-from rlcode.algorithms.gradient_sync import clip_grad_norm, no_gradient_sync
-from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, mask_truncated, policy_loss
-from rlcode.algorithms.optimizer_steps import count_step_without_update, update
+from rlcode.algorithms.gradient_sync import clip_grad_norm
+from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
+from rlcode.algorithms.optimizer_steps import count_step_without_update
+from rlcode.algorithms.policy_update import update_policy
 from rlcode.algorithms.reward_mixture import RewardMixture
-from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
+from rlcode.algorithms.sequence_logps import batched_completion_logps
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings
 from rlcode.rollout.backends import build_backend
@@ -150,7 +150,7 @@ class GRPO(L.LightningModule):
         self.last_step: StepRecord | None = None
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
-        self._judge = None  # MBPP all-tests reward, for validate/test
+        self._eval_pool = None  # sandbox of rlcode validate / test
 
     # ---- building (lazily, once) ------------------------------------------------------------
     def configure_model(self) -> None:
@@ -218,9 +218,9 @@ class GRPO(L.LightningModule):
         if self._sandbox is not None:
             self._sandbox.close()
             self._sandbox, self.rewards = None, None
-        if self._judge is not None:
-            self._judge.close()
-            self._judge = None
+        if self._eval_pool is not None:
+            self._eval_pool.close()
+            self._eval_pool = None
 
     def on_fit_start(self) -> None:
         if self._reference is not None:
@@ -265,7 +265,7 @@ class GRPO(L.LightningModule):
         update = not hp.dry_run and totals.trained_rows > 0 and totals.loss.tokens > 0
 
         with timed(timings, "update"):
-            loss_parts = self._update(rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
+            loss_parts = update_policy(self, rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
         if not update:
             count_step_without_update(self.optimizers())
 
@@ -302,67 +302,22 @@ class GRPO(L.LightningModule):
         self._log_greedy_pass_rate(batch, "mbpp_test")
 
     def _log_greedy_pass_rate(self, batch: PromptBatch, prefix: str) -> None:
-        if self._judge is None:
-            from rlcode.rewards import MBPPTestsPassed
+        from rlcode.eval.policy_scoring import BatchProblem, score_policy
 
-            self._judge = MBPPTestsPassed(timeout=self.hparams.reward_timeout, workers=self.sandbox_workers())
+        if self._eval_pool is None:
+            from rlcode.sandbox import SandboxPool
+
+            self._eval_pool = SandboxPool(workers=self.sandbox_workers(), timeout=self.hparams.reward_timeout)
+        problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
+                                                      batch.get("test_setup_code") or [""] * len(batch["task_id"]),
+                                                      batch.get("entry_point") or [None] * len(batch["task_id"]))]
         prompts = [self.render(p) for p in batch["prompt"]]
-        rollout = self.generate(prompts, 1, temperature=0.0, seed=0)
-        columns = {name: batch[name] for name in REWARD_COLUMNS if name in batch}
-        passed = self._judge(prompts, rollout.completion_texts, **columns)
-        count = len(passed)
-        self.log(f"{prefix}/pass_rate", sum(passed) / count, batch_size=count)  # weighted mean over batches
-        self.log(f"{prefix}/problems_passed", float(sum(passed)), reduce_fx="sum", batch_size=count)
-
-    def _update(self, rollout: RolloutBatch, loss_mask, advantages, ref_logps, rows, totals: LossTotals
-                ) -> dict[str, float]:
-        """``num_iterations`` optimizer updates over ``rows``, micro-batched; one counted step.
-
-        The losses are normalised by the whole step's totals (every row, every rank: see
-        ``rlcode.algorithms.losses``), so micro-batch size and rank count do not change the update.
-        The first pass's log-probs, computed under the weights that sampled the rollouts, are the
-        old log-probs of the later passes (no extra forward pass; its ratio is exactly 1).
-
-        Under DDP, gradients are all-reduced once per optimizer update: every micro-batch but the
-        last runs its backward in the strategy's ``block_backward_sync`` (DDP's ``no_sync``), which
-        is also what lets ranks run different numbers of micro-batches. A rank with no row to train
-        still joins the one sync with a zero-weighted backward of one completion; DDP averages
-        gradients over ranks, so each rank's loss is scaled by the world size.
-        """
-        hp = self.hparams
-        optimizer = self.optimizers()
-        contributes = len(rows) > 0
-        micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=self.device)]
-        old_logps = torch.zeros_like(loss_mask, dtype=torch.float32) if hp.num_iterations > 1 else None
-        parts_sum: dict[str, Any] = {}
-        for iteration in range(hp.num_iterations):
-            for position, index in enumerate(micro_batches):
-                logps = completion_logps(self.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
-                                         rollout.completion_ids[index], rollout.completion_mask[index],
-                                         hp.temperature)
-                if iteration == 0 and old_logps is not None:
-                    old_logps[index] = logps.detach()
-                loss, parts = policy_loss(
-                    logps, advantages[index], loss_mask[index],
-                    None if iteration == 0 else old_logps[index],
-                    None if ref_logps is None else ref_logps[index],
-                    loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
-                    beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                    max_completion_length=hp.max_new_tokens, totals=totals)
-                last = position == len(micro_batches) - 1
-                scale = self.trainer.world_size if contributes else 0.0  # 0: join the sync, move nothing
-                with nullcontext() if last else no_gradient_sync(self.trainer.strategy):
-                    self.manual_backward(loss * scale)
-                if contributes:
-                    _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
-            update(optimizer, counted=iteration == hp.num_iterations - 1)
-        self._sync_rollout_weights()
-        if not contributes:
-            return {}
-        # Loss shares add up to the step's loss; the other parts are means over micro-batches.
-        passes = hp.num_iterations
-        return {key: float(value) / (passes if key in ("loss", "policy_loss") else passes * len(micro_batches))
-                for key, value in parts_sum.items()}
+        report = score_policy(self, prompts, problems, self._eval_pool, step=self.global_step, split=prefix,
+                              max_new_tokens=self.hparams.max_new_tokens, timeout=self.hparams.reward_timeout,
+                              batch_size=len(prompts))
+        count = len(problems)
+        self.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
+        self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
@@ -419,9 +374,3 @@ class GRPO(L.LightningModule):
 def _repeat_each(values: list, times: int) -> list:
     """[a, b] -> [a, a, b, b] for times=2: one entry per completion, prompt-major."""
     return [value for value in values for _ in range(times)]
-
-
-def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
-    """Add detached 0-d tensors on the device: no host sync per micro-batch."""
-    for key, value in parts.items():
-        sums[key] = sums[key] + value if key in sums else value

@@ -1,17 +1,35 @@
-"""Score the current policy on MBPP tasks: greedy pass@1 and, optionally, sampled pass@k.
+"""Score the current policy on MBPP problems: greedy pass@1 and, optionally, sampled pass@k.
 
+The one scorer of the project: the MBPP eval callback (initial / interval / final evals during fit)
+and ``rlcode validate`` / ``rlcode test`` (``GRPO.validation_step``) both call ``score_policy``.
 Completions come from the module's own rollout backend (same prompts, stop strings and chat
-template as training); programs run in a sandbox pool against the task's asserts, judged by
+template as training); programs run in a sandbox pool against the problem's asserts, judged by
 ``rlcode.sandbox.verdict.check_program``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from rlcode.data.mbpp import MBPPTask
+
+class Problem(Protocol):
+    """What scoring needs of a problem (an ``MBPPTask`` is one)."""
+
+    task_id: int
+    test_list: Sequence[str]
+    test_setup_code: str
+    entry_point: str | None
+
+
+@dataclass(frozen=True)
+class BatchProblem:
+    """A problem rebuilt from the DataModule's batch columns (``rlcode validate`` / ``test``)."""
+
+    task_id: int
+    test_list: Sequence[str]
+    test_setup_code: str = ""
+    entry_point: str | None = None
 
 
 @dataclass
@@ -54,32 +72,33 @@ class EvalReport:
                 "problems": [asdict(p) for p in self.problems]}
 
 
-def score_policy(module, tasks: list[MBPPTask], prompt_format: str, pool, *, step: int, split: str,
-                 num_samples: int, ks: list[int], temperature: float, max_new_tokens: int, timeout: float,
-                 batch_size: int) -> EvalReport:
-    """Greedy pass@1 on every task, plus pass@k from ``num_samples`` samples at ``temperature``."""
-    from rlcode.data.prompts import build_prompt
+def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, *, step: int, split: str,
+                 num_samples: int = 0, ks: Sequence[int] = (), temperature: float = 0.0, max_new_tokens: int,
+                 timeout: float, batch_size: int) -> EvalReport:
+    """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
+
+    ``prompts`` are rendered (one per problem); ``batch_size`` prompts are generated together.
+    """
     from rlcode.eval.passk import mean_pass_at_k
 
-    prompts = [module.render(build_prompt(task, prompt_format)) for task in tasks]
     greedy = _generate(module, prompts, 1, 0.0, max_new_tokens, batch_size, seed=step)
-    greedy_verdicts = _check_all(pool, tasks, greedy, 1, timeout)
-    problems = [ProblemResult(task.task_id, verdict.all_passed, _describe(verdict), completion)
-                for task, completion, verdict in zip(tasks, greedy, greedy_verdicts)]
+    greedy_verdicts = _check_all(pool, problems, greedy, 1, timeout)
+    results = [ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
+               for problem, completion, verdict in zip(problems, greedy, greedy_verdicts)]
     pass_at_k = {}
     if num_samples > 0:
         sampled = _generate(module, prompts, num_samples, temperature, max_new_tokens,
                             max(1, batch_size // num_samples), seed=step + 1)
-        verdicts = _check_all(pool, tasks, sampled, num_samples, timeout)
+        verdicts = _check_all(pool, problems, sampled, num_samples, timeout)
         counts = {}
-        for index, problem in enumerate(problems):
+        for index, result in enumerate(results):
             rows = range(index * num_samples, (index + 1) * num_samples)
-            problem.samples = num_samples
-            problem.samples_passed = sum(verdicts[i].all_passed for i in rows)
-            problem.sample_completions = [sampled[i] for i in rows]
-            counts[problem.task_id] = (num_samples, problem.samples_passed)
-        pass_at_k = mean_pass_at_k(counts, ks)
-    return EvalReport(step, split, temperature, problems, pass_at_k)
+            result.samples = num_samples
+            result.samples_passed = sum(verdicts[i].all_passed for i in rows)
+            result.sample_completions = [sampled[i] for i in rows]
+            counts[result.task_id] = (num_samples, result.samples_passed)
+        pass_at_k = mean_pass_at_k(counts, list(ks))
+    return EvalReport(step, split, temperature, results, pass_at_k)
 
 
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
@@ -92,16 +111,16 @@ def _generate(module, prompts: list[str], per_prompt: int, temperature: float, m
     return texts
 
 
-def _check_all(pool, tasks: list[MBPPTask], completions: list[str], per_task: int, timeout: float) -> list:
+def _check_all(pool, problems: Sequence[Problem], completions: list[str], per_task: int, timeout: float) -> list:
     from rlcode.rewards.extraction import extract_code
     from rlcode.sandbox.verdict import check_program
 
     futures = []
     for index, completion in enumerate(completions):
-        task = tasks[index // per_task]
-        code = extract_code(completion, task.entry_point)
-        futures.append(check_program(pool, code, list(task.test_list), setup=task.test_setup_code, timeout=timeout,
-                                     tags={"run": "mbpp-eval", "task": str(task.task_id)}))
+        problem = problems[index // per_task]
+        code = extract_code(completion, problem.entry_point)
+        futures.append(check_program(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
+                                     timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
     return [future.result() for future in futures]
 
 
