@@ -138,3 +138,16 @@ def test_reference_copy_is_kept_in_the_compute_dtype():
     assert next(module._reference.parameters()).dtype == torch.bfloat16
     assert next(module.policy.parameters()).dtype == torch.float32
     assert build_module(beta=0.04)._reference.dtype == torch.float32  # built without a trainer: 32-true
+
+
+def test_fsdp_is_refused_with_a_one_line_reason():
+    """Guards issue 8.10: FSDP cannot shard this step (generation and several forward/backward pairs
+    run outside the wrapped forward), so it is refused at setup instead of training wrongly."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    module = build_module(configure=False)
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="FSDPStrategy is not supported.*ddp"):
+        module.setup("fit")

@@ -1,4 +1,4 @@
-"""Gradients under each Lightning strategy: when they cross ranks, and how their norm is clipped."""
+"""Gradients under DDP: when they cross ranks, and how their norm is clipped."""
 
 from __future__ import annotations
 
@@ -12,14 +12,12 @@ def no_gradient_sync(strategy):
     return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else nullcontext()
 
 
-def clip_grad_norm(strategy, parameters, max_norm: float) -> float:
+def clip_grad_norm(parameters, max_norm: float) -> float:
     """Clip to ``max_norm`` and return the norm before clipping.
 
-    FSDP shards gradients, so only its own ``clip_grad_norm_`` sees the global norm.
+    Under DDP every rank holds the whole all-reduced gradient, so the local norm is the global one
+    (FSDP, which shards gradients, is refused by ``GRPO.setup``).
     """
     import torch
-    from lightning.pytorch.strategies import FSDPStrategy
 
-    if isinstance(strategy, FSDPStrategy):
-        return float(strategy.model.clip_grad_norm_(max_norm))
     return float(torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None], max_norm))

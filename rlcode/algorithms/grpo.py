@@ -204,6 +204,12 @@ class GRPO(L.LightningModule):
             self.backend.sync_weights(self.policy)
 
     def setup(self, stage: str) -> None:
+        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+        if isinstance(self.trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
+            raise ValueError(f"{type(self.trainer.strategy).__name__} is not supported: a GRPO step generates and "
+                             "runs several forward/backward passes outside the wrapped forward; use "
+                             "trainer.strategy ddp (or auto) for several GPUs")
         if stage == "fit" and self.rewards is None:
             self.rewards = self._build_rewards()
 
@@ -321,8 +327,7 @@ class GRPO(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
-            self.last_grad_norm = clip_grad_norm(self.trainer.strategy, self.policy.parameters(),
-                                                 self.hparams.max_grad_norm)
+            self.last_grad_norm = clip_grad_norm(self.policy.parameters(), self.hparams.max_grad_norm)
 
     # ---- building blocks the callbacks reuse --------------------------------------------------
     def render(self, prompt) -> str:
