@@ -50,7 +50,7 @@ class MBPPEval(L.Callback):
             max_new_tokens: generation limit (None: the model's ``max_new_tokens``).
             timeout: seconds each program may run.
             batch_size: prompts generated together.
-            sandbox_workers: sandbox worker processes (None: one per CPU core).
+            sandbox_workers: sandbox worker processes (None: the node's cores shared among its ranks).
         """
         self.num_questions = num_questions
         self.every_n_steps = every_n_steps
@@ -108,7 +108,7 @@ class MBPPEval(L.Callback):
 
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         report = score_policy(
-            pl_module, prompts, tasks, self._sandbox(), step=trainer.global_step,
+            pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
             split=datamodule.eval_split, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
             temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
             timeout=self.timeout, batch_size=self.batch_size)
@@ -128,11 +128,11 @@ class MBPPEval(L.Callback):
                        + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))
         return report
 
-    def _sandbox(self):
+    def _sandbox(self, pl_module):
         if self._pool is None:
             from rlcode.sandbox import SandboxPool
 
-            self._pool = SandboxPool(workers=self.sandbox_workers, timeout=self.timeout)
+            self._pool = SandboxPool(workers=self.sandbox_workers or pl_module.sandbox_workers(), timeout=self.timeout)
             self._pool.__enter__()
         return self._pool
 
