@@ -90,7 +90,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
           "--trainer.max_steps", str(STEPS),
           # a length reward varies between completions, so every step has a gradient to sync
           "--model.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.filter_zero_std_groups", "true",
-          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1",
+          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1", "--data.num_train_tasks", "8",
           "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0"])
 
 
