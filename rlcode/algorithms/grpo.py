@@ -37,6 +37,7 @@ from rlcode.algorithms.sequence_logps import batched_completion_logps, completio
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings
 from rlcode.rollout.backends import build_backend
+from rlcode.rollout.vllm_engine import VLLMSettings
 
 if TYPE_CHECKING:
     from rlcode.data.datamodule import PromptBatch
@@ -64,7 +65,7 @@ class GRPO(L.LightningModule):
         top_k: int = 0,
         stop: list[str] | None = None,
         rollout_backend: Literal["hf", "vllm"] = "hf",
-        vllm_gpu_memory_utilization: float = 0.3,
+        vllm: VLLMSettings | None = None,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -102,8 +103,9 @@ class GRPO(L.LightningModule):
             top_k: sample from the k most likely tokens (0: off).
             stop: strings that end a completion early (e.g. the closing code fence).
             rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
-                same GPU, weights synced after every optimizer step).
-            vllm_gpu_memory_utilization: share of GPU memory the vLLM engine may take.
+                same GPU, given the weights before a generate whenever they changed).
+            vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
+                see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -161,12 +163,15 @@ class GRPO(L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm_gpu_memory_utilization=hp.vllm_gpu_memory_utilization)
+                                     vllm=hp.vllm, seed=hp.generation_seed)
 
-    def _sync_rollout_weights(self) -> None:
-        # vLLM holds its own copy of the weights: rollouts must come from the current policy.
-        if callable(getattr(self.backend, "sync_weights", None)):
-            self.backend.sync_weights(self.policy)
+    def _weights_changed(self) -> None:
+        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
+        if callable(getattr(self.backend, "weights_changed", None)):
+            self.backend.weights_changed()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.rewards is None:
@@ -190,9 +195,6 @@ class GRPO(L.LightningModule):
     def on_fit_start(self) -> None:
         if self._reference is not None:
             self._reference.to(self.device)
-
-    def on_train_start(self) -> None:
-        self._sync_rollout_weights()  # a resumed run's weights came from the checkpoint
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -313,7 +315,7 @@ class GRPO(L.LightningModule):
                                 len(micro_batches) * hp.num_iterations)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        self._sync_rollout_weights()
+        self._weights_changed()
         if not contributes:
             return totals
         # micro-batch losses are shares of the step's loss (they sum to it); the other parts are means
