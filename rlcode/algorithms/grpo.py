@@ -31,6 +31,7 @@ import torch
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
 from rlcode.algorithms.all_ranks_totals import sum_over_ranks
 from rlcode.algorithms.gradient_sync import clip_grad_norm, no_gradient_sync
+from rlcode.algorithms.importance_correction import importance_corrected_advantages
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated, policy_loss
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps, completion_logps
@@ -216,7 +217,10 @@ class GRPO(L.LightningModule):
         reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
 
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
-            old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
+            # vLLM's sampling log-probs come with its importance-sampling correction on, which (as in
+            # TRL) needs the policy's own log-probs of the samples
+            sampler_mismatch = rollout.sampling_logps is not None
+            old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 or sampler_mismatch else None
             ref_logps = self._reference_logps(rollout) if hp.beta != 0.0 else None
 
         with timed(timings, "rewards_wait"):
@@ -235,9 +239,15 @@ class GRPO(L.LightningModule):
         # another synced gradients would hang the run.
         update = not hp.dry_run and batch_totals.tokens > 0
 
+        loss_advantages, correction_metrics = advantages, {}
+        if sampler_mismatch:  # [N] -> [N, T] advantages weighted by TRL's truncated importance ratio
+            loss_advantages, correction_metrics = importance_corrected_advantages(
+                advantages, old_logps, rollout.sampling_logps, loss_mask, self.backend.importance_sampling_cap)
+
         with timed(timings, "update"):
-            loss_parts = (self._update(rollout, loss_mask, advantages, old_logps, ref_logps, keep, batch_totals.tokens)
-                          if update else {})
+            loss_parts = (self._update(rollout, loss_mask, loss_advantages, old_logps, ref_logps, keep,
+                                       batch_totals.tokens) if update else {})
+            loss_parts.update(correction_metrics)
         if not update:
             self._step_without_update()
 
