@@ -94,6 +94,7 @@ class LLM:
         self.prompts: list = []
         self.sampling_params: list = []
         self.autocast_during_generate: list[bool] = []
+        self.weights_at_generate: list[dict[str, torch.Tensor]] = []  # what each generate sampled from
         self.tokenizer = _tokenizer_of(kwargs.get("model", ""))  # texts decoded like vLLM's
         LLM.instances.append(self)
 
@@ -106,6 +107,7 @@ class LLM:
         self.prompts.append(prompts)
         self.sampling_params.append(sampling_params)
         self.autocast_during_generate.append(torch.is_autocast_enabled("cpu"))
+        self.weights_at_generate.append(dict(self.model.weights))  # pushes replace tensors, never mutate
         return [RequestOutput(list(prompt["prompt_token_ids"]), self._samples(params))
                 for prompt, params in zip(prompts, sampling_params)]
 
