@@ -275,3 +275,28 @@ def test_grpo_pushes_a_loaded_checkpoint_before_its_next_generate(vllm, tmp_path
     module.generate(PROMPTS, 2, temperature=1.0, seed=0)
     for name, parameter in module.policy.named_parameters():
         assert torch.equal(engine[name], parameter.detach()), name
+
+
+def test_the_gpu_smoke_script_imports_and_explains_itself_on_cpu(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_vllm_smoke.py"
+    spec = importlib.util.spec_from_file_location("gpu_vllm_smoke", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # no vllm, no CUDA needed to import it
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--help"])
+    assert exit_.value.code == 0 and "weights_changed()" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert script.main([]) == 2  # says it needs a GPU instead of failing obscurely
+
+
+def test_the_pinned_vllm_range_is_the_one_the_code_names():
+    import tomllib
+    from pathlib import Path
+
+    from rlcode.rollout.vllm_engine import TESTED_VLLM_VERSIONS
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{TESTED_VLLM_VERSIONS}"]
