@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +168,12 @@ def outside_trainer_contexts() -> Iterator[None]:
     default_dtype = torch.get_default_dtype()
     generators = _generator_states()
     cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    # A device context is a torch function mode that torch.compile (vLLM compiles its model) would
+    # trace through: only override one that is active, e.g. Lightning's tensor_init_context.
+    device = torch.device("cpu") if torch.get_default_device() != torch.device("cpu") else nullcontext()
     torch.set_default_dtype(torch.float32)
     try:
-        with torch.device("cpu"), torch.inference_mode(False), autocast_off():
+        with device, torch.inference_mode(False), autocast_off():
             yield
     finally:
         torch.set_default_dtype(default_dtype)
