@@ -133,7 +133,10 @@ class VLLMBackend:
             return
         llm = self.engine()
         if self.weights.weights_asleep:
-            # load_weights would write into unmapped memory (TRL issue 5142): wake the weights first
+            # load_weights would write into unmapped memory (TRL issue 5142): wake the weights first,
+            # after returning the trainer's cached blocks (TRL: avoids an OOM on waking)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             llm.wake_up(tags=["weights"])
             self.weights.weights_woken()
         target = engine_model(llm)
