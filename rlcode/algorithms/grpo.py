@@ -42,6 +42,7 @@ from rlcode.algorithms.experience import CompletionGroups, repeat_each
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings
 from rlcode.rollout.backends import build_backend
+from rlcode.rollout.vllm_engine import VLLMSettings
 
 if TYPE_CHECKING:
     from rlcode.data.datamodule import PromptBatch
@@ -69,7 +70,7 @@ class GRPO(L.LightningModule):
         top_k: int = 0,
         stop: list[str] | None = None,
         rollout_backend: Literal["hf", "vllm"] = "hf",
-        vllm_gpu_memory_utilization: float = 0.3,
+        vllm: VLLMSettings | None = None,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -110,8 +111,9 @@ class GRPO(L.LightningModule):
             stop: strings that end a completion early (None: those of the data's prompt format,
                 the closing code fence for chat, ``[DONE]`` for the MBPP paper's plain format).
             rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
-                same GPU, weights synced after every optimizer step).
-            vllm_gpu_memory_utilization: share of GPU memory the vLLM engine may take.
+                same GPU, given the weights before a generate whenever they changed).
+            vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
+                see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -177,7 +179,7 @@ class GRPO(L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm_gpu_memory_utilization=hp.vllm_gpu_memory_utilization)
+                                     vllm=hp.vllm, seed=hp.generation_seed)
 
     def sandbox_workers(self) -> int:
         """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
@@ -199,10 +201,13 @@ class GRPO(L.LightningModule):
         """The trainer's precision string when attached (it decides autocast), else ``precision``."""
         return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
 
-    def _sync_rollout_weights(self) -> None:
-        # vLLM holds its own copy of the weights: rollouts must come from the current policy.
-        if callable(getattr(self.backend, "sync_weights", None)):
-            self.backend.sync_weights(self.policy)
+    def _weights_changed(self) -> None:
+        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
+        if callable(getattr(self.backend, "weights_changed", None)):
+            self.backend.weights_changed()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
@@ -232,9 +237,6 @@ class GRPO(L.LightningModule):
     def on_fit_start(self) -> None:
         if self._reference is not None:
             self._reference.to(self.device)
-
-    def on_train_start(self) -> None:
-        self._sync_rollout_weights()  # a resumed run's weights came from the checkpoint
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]

@@ -132,6 +132,7 @@ class SPIRAL(GRPO):
         checkpoint["role_baselines"] = self.baselines.state_dict()
 
     def on_load_checkpoint(self, checkpoint) -> None:
+        super().on_load_checkpoint(checkpoint)
         if "role_baselines" in checkpoint:
             self.baselines.load_state_dict(checkpoint["role_baselines"])
 
