@@ -232,3 +232,20 @@ def test_validate_reports_game_rates(tmp_path):
     # the random model never writes a legal move: every game is lost by an invalid move
     assert float(row["spiral/TicTacToe-v0/invalid_move_rate"]) == 1.0
     assert float(row["spiral/TicTacToe-v0/loss_rate"]) == 1.0
+
+
+@pytest.mark.parametrize("opponent", ["random", "frozen"])
+def test_one_seat_against_a_fixed_opponent(tmp_path, opponent):
+    """The policy holds seat 1 only; seat 0 is a random legal mover or a frozen copy of the start.
+    Only seat 1's turns are trained, and the opponent's moves are in the logged games."""
+    from rlcode.cli import main
+
+    main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.opponent", opponent,
+          "--model.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+    games = [json.loads(line) for line in next(tmp_path.glob("tiny/version_*/rollouts.jsonl")).open()]
+    assert all(g["learner_seats"] == [1] for g in games)
+    for game in games:
+        assert all(turn["learner"] == (turn["player"] == 1) for turn in game["turns"])
+        assert game["turns"][0]["player"] == 0 and not game["turns"][0]["learner"]
+        if opponent == "random":  # a random legal mover never loses by an invalid move
+            assert game["turns"][0]["valid"]

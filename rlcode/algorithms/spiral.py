@@ -180,7 +180,8 @@ class SPIRAL(GRPO):
         """Every rank's (game, seat, return) in rank order, and the slice that is this rank's."""
         if self.trainer.world_size == 1:
             return local, slice(0, len(local))
-        gathered = self.all_gather(torch.tensor(local, dtype=torch.float64, device=self.device))  # [W, n, 3]
+        # n (episodes x learner seats) is the same on every rank, so the shapes agree
+        gathered = self.all_gather(torch.tensor(local, dtype=torch.float64, device=self.device).reshape(-1, 3))
         ordered = [(int(g), int(s), float(r)) for rank in gathered.cpu().tolist() for g, s, r in rank]
         start = self.global_rank * len(local)
         return ordered, slice(start, start + len(local))

@@ -25,7 +25,8 @@ FIRST_LAST_OBSERVATION = ("TicTacToe",)  # board games: the rules and the board 
 
 _INSTRUCTIONS = {
     "boxed": "Please reason step by step, and put your final answer within \\boxed{}.",
-    "bracket": "Reply with your move in the game's bracket format, for example [4].",
+    # No example move: a small model copies it (SmolLM2 answered "[4]" on every board).
+    "bracket": "Reply with one of your available moves, written in brackets as the game lists them.",
 }
 
 

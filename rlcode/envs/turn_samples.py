@@ -33,8 +33,7 @@ class EpisodeTurns:
     @classmethod
     def from_episodes(cls, episodes: list[Episode], pad_token_id: int, device, extra_metrics=None) -> EpisodeTurns:
         rows = [(e, t) for e, episode in enumerate(episodes) for t, turn in enumerate(episode.turns) if turn.learner]
-        if not rows:
-            raise ValueError("no turn was played by the trained policy: check the learner seats and the opponent")
+        # No rows happens (every game ended before the policy's first turn): the step then has no update.
         turns = [episodes[e].turns[t] for e, t in rows]
         rollout = batch_from_token_lists(
             prompt_ids=[turn.prompt_ids for turn in turns], completion_ids=[turn.completion_ids for turn in turns],

@@ -32,9 +32,9 @@ def batch_from_token_lists(
     rows = len(prompt_ids)
     if not rows == len(completion_ids) == len(ended) == len(completion_texts):
         raise ValueError("prompt_ids, completion_ids, ended and completion_texts must have one entry per row.")
-    prompt_width = max(len(ids) for ids in prompt_ids)
+    prompt_width = max((len(ids) for ids in prompt_ids), default=1)  # no rows: [0, 1] tensors
     # At least one column, so an all-empty batch still has [N, 1] tensors with a zero mask.
-    completion_width = max(1, max(len(ids) for ids in completion_ids))
+    completion_width = max(1, max((len(ids) for ids in completion_ids), default=1))
     prompt_tensor = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
     completion_tensor = torch.full((rows, completion_width), pad_token_id, dtype=torch.long)
