@@ -45,15 +45,25 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
 
 def successes(record: StepRecord) -> int:
     """Successful completions as the first reward function counts them (execution: the program ran;
-    MBPP tests: every assert passed), else those with a positive total reward."""
+    MBPP tests: every assert passed), else those with a positive total reward. Episodes that know
+    whether they solved their task (multi-step MBPP) count as one each."""
+    if record.episodes and record.episodes[0].get("success") is not None:
+        return sum(bool(e["success"]) for e in record.episodes)
     first = next(iter(record.rewards_by_function), None)
     counted = record.reward_metrics.get(f"{first}/successful_predictions_count")
     return int(counted) if counted is not None else sum(r > 0 for r in record.rewards)
 
 
+def trials(record: StepRecord) -> int:
+    """What successes are counted among: episodes where they know success, else completions."""
+    if record.episodes and record.episodes[0].get("success") is not None:
+        return len(record.episodes)
+    return len(record.rewards)
+
+
 def step_line(record: StepRecord) -> str:
     """One human line per step, as the ART toolkit prints it."""
-    count, total = successes(record), len(record.rewards)
+    count, total = successes(record), trials(record)
     line = (f"  Step {record.step}: reward={record.mean_reward:.3f}, success={100 * count / max(total, 1):.1f}% "
             f"({count}/{total}), time={record.timings.get('step', 0.0):.1f}s")
     return line if record.updated else line + " (no update)"
@@ -68,6 +78,8 @@ class GRPOMetrics(L.Callback):
         """
         self.print_steps = print_steps
         self.history: list[tuple[int, float]] = []  # (step, mean reward)
+        self.trajectories = 0  # completions (single-turn) or episodes, over the run: the ART summary
+        self.successful = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         record: StepRecord | None = getattr(pl_module, "last_step", None)
@@ -86,14 +98,18 @@ class GRPOMetrics(L.Callback):
         pl_module.log("reward", record.mean_reward, prog_bar=True, logger=False, batch_size=batch_size)
         pl_module.log("tok/s", metrics["perf/tokens_per_s"], prog_bar=True, logger=False, batch_size=batch_size)
         self.history.append((record.step, record.mean_reward))
+        self.trajectories += trials(record)
+        self.successful += successes(record)
         if self.print_steps:
             _write(step_line(record))
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history)}
+        return {"history": list(self.history), "trajectories": self.trajectories, "successful": self.successful}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = [tuple(item) for item in state_dict.get("history", [])]
+        self.trajectories = int(state_dict.get("trajectories", 0))
+        self.successful = int(state_dict.get("successful", 0))
 
 
 def _std(values: list[float]) -> float:

@@ -13,7 +13,7 @@ from callbacks.run_dir import run_dir
 
 def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
               checkpoint: str | None, plot: str | None, interrupted: str | None = None,
-              game_evals: list[dict] | None = None) -> str:
+              game_evals: list[dict] | None = None, trajectories: int = 0, successful: int = 0) -> str:
     """The summary text (pure, so it can be tested without a trainer)."""
     lines = [f"rlcode fit {'stopped by ' + interrupted if interrupted else 'finished'}: {steps} optimizer steps "
              f"in {_duration(seconds)}"]
@@ -39,6 +39,9 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
         lines.append(f"  eval:       {evals[-1]['path']}")
     if plot:
         lines.append(f"  plot:       {plot}")
+    if trajectories:  # the ART seed's closing block
+        lines += ["", "Training complete!", f"  Total trajectories: {trajectories}",
+                  f"  Successful: {successful} ({100 * successful / trajectories:.1f}%)", f"  Steps completed: {steps}"]
     return "\n".join(lines)
 
 
@@ -129,5 +132,6 @@ class RunSummary(L.Callback):
             steps=trainer.global_step, seconds=time.perf_counter() - self._started,
             rewards=metrics.history if metrics else [], evals=evals.history if evals else [],
             run=str(run_dir(trainer)), checkpoint=last, plot=str(plots.path) if plots and plots.path else None,
-            interrupted=shutdown.requested if shutdown else None, game_evals=games.history if games else [])
+            interrupted=shutdown.requested if shutdown else None, game_evals=games.history if games else [],
+            trajectories=metrics.trajectories if metrics else 0, successful=metrics.successful if metrics else 0)
         print("\n" + self.text, flush=True)

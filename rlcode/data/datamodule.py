@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rlcode.data.mbpp import MBPPTask
 
 PromptBatch = dict[str, list]  # column name -> one value per prompt (TRL's dataset-column layout)
-BATCH_COLUMNS = ("task_id", "prompt", "test_list", "test_setup_code", "entry_point")
+BATCH_COLUMNS = ("task_id", "prompt", "test_list", "test_setup_code", "entry_point", "text", "challenge_test_list")
 
 
 def epoch_order(num_tasks: int, seed: int, epoch: int) -> list[int]:
@@ -189,6 +189,8 @@ class MBPPDataModule(L.LightningDataModule):
             "test_list": [list(t.test_list) for t in tasks],
             "test_setup_code": [t.test_setup_code for t in tasks],
             "entry_point": [t.entry_point for t in tasks],
+            "text": [t.text for t in tasks],  # multi-step MBPP writes its own prompts and feedback
+            "challenge_test_list": [list(t.challenge_test_list) for t in tasks],
             "position": (epoch, index),
         }
 

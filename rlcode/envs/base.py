@@ -46,5 +46,9 @@ class Environment(Protocol):
         ...
 
     def step(self, answer: str) -> StepResult:
-        """The current player's answer (the model's whole reply) -> the next turn or the end."""
+        """The current player's answer (the model's whole reply) -> the next turn or the end.
+
+        An environment may also offer ``prepare(answer)``, called for every episode of a round before
+        any ``step``: it starts slow work (a sandbox execution) so the round's episodes run in parallel.
+        """
         ...

@@ -4,7 +4,8 @@ Each round, every live episode's pending turn is collected: the learner's turns 
 backend in one call (not one episode at a time), the opponent's turns (a random legal mover, a frozen
 copy of the policy) in one call of their own. Episodes end at different times; a round holds whatever
 is still live. Every model turn keeps the exact token ids the backend encoded and sampled, so the
-training sample is what was generated (no re-tokenisation drift).
+training sample is what was generated (no re-tokenisation drift). Environments with a ``prepare``
+method (an answer to run in the sandbox) get every answer of a round before any ``step`` waits.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Episode:
     learner_seats: tuple[int, ...]
     turns: list[TurnRecord] = field(default_factory=list)
     returns: dict[int, float] = field(default_factory=dict)
+    success: bool | None = None
+    """Whether the task was solved, for environments that have a notion of it (multi-step MBPP)."""
 
 
 class Opponent(Protocol):
@@ -82,6 +85,9 @@ class EpisodeRunner:
                                             sampling_seed * 1009 + round_index)
                 records.update({i: TurnRecord(pending[i].player, pending[i].messages, text)
                                 for i, text in zip(others, answers)})
+            for i in sorted(records):  # environments that wait on something (the sandbox) start first
+                if callable(getattr(envs[i], "prepare", None)):
+                    envs[i].prepare(records[i].text)
             for i in sorted(records):
                 record = records[i]
                 result = envs[i].step(record.text)
@@ -89,6 +95,7 @@ class EpisodeRunner:
                 episodes[i].turns.append(record)
                 if result.done:
                     episodes[i].returns = dict(result.returns or {})
+                    episodes[i].success = result.info.get("success")
                     del pending[i]
                 else:
                     pending[i] = result.next_turn

@@ -66,13 +66,21 @@ class EpisodeTurns:
 def episode_json(episode: Episode) -> dict:
     """A whole game for the rollout log: each turn's player, what it saw, said and the parsed move."""
     return {"game": episode.game, "seed": episode.seed, "learner_seats": list(episode.learner_seats),
-            "returns": {str(k): v for k, v in episode.returns.items()},
+            "returns": {str(k): v for k, v in episode.returns.items()}, "success": episode.success,
             "turns": [{"player": turn.player, "learner": turn.learner, "observation": turn.messages[-1]["content"],
-                       "reply": turn.text, "move": turn.info.get("move"), "valid": turn.info.get("valid"),
-                       "reason": turn.info.get("reason", "")} for turn in episode.turns]}
+                       "reply": turn.text, **_turn_outcome(turn.info)} for turn in episode.turns]}
+
+
+def _turn_outcome(info: dict) -> dict:
+    """A game turn's parsed move, or a coding attempt's verdict and the feedback it got."""
+    if "move" in info:
+        return {"move": info.get("move"), "valid": info.get("valid"), "reason": info.get("reason", "")}
+    return {key: info[key] for key in ("attempt", "verdict", "feedback", "success") if key in info}
 
 
 def _describe(info: dict) -> str:
+    if "verdict" in info:
+        return f"attempt {info.get('attempt')}: {info['verdict']}"
     if info.get("valid"):
         return f"move {info.get('move')}"
     return f"invalid: {info.get('reason', '')}"
