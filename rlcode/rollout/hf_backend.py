@@ -3,7 +3,9 @@
 Why not `model.generate()`: its multinomial sampling dominates a small model's step on CPU, one
 looping row keeps the whole batch running to the token limit, and stop strings cost a full-batch
 check. This loop samples with Gumbel-max, drops finished rows from the KV cache so the remaining
-ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times.
+ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times. Each
+step copies the sampled tokens to the host once and decides there which rows ended; a row's tail is
+decoded for stop strings only when its newest token could complete one.
 """
 
 from __future__ import annotations
