@@ -137,7 +137,8 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperat
     if baseline:
         with torch.no_grad():
             ours, theirs = backend.generate(prompts, group, params), old_backend.generate(prompts, group, params)
-        same = torch.equal(ours.completion_ids, theirs.completion_ids) and ours.completion_texts == theirs.completion_texts
+        same = (torch.equal(ours.completion_ids, theirs.completion_ids)
+                and ours.completion_texts == theirs.completion_texts)
         print(f"  same completions as @{baseline} (seed 0): {'yes' if same else 'NO'}")
 
 
@@ -157,7 +158,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     for model_name in args.models:
-        run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature, args.stop, args.paths, args.baseline)
+        run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature, args.stop, args.paths,
+            args.baseline)
 
 
 if __name__ == "__main__":
