@@ -85,10 +85,10 @@ def per_token_logps(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
     drawn from, as TRL does.
 
     Memory: looping over rows bounds the float32 temporaries at [T, V] only without grad. With grad,
-    autograd keeps every row's scaled float32 copy for backward, so B x [T, V] float32 is held on
-    top of the [B, T, V] logits themselves. The training path avoids both: see
-    ``rlcode.algorithms.fused_head_logps``, which never builds the logits; this function is the
-    fallback for heads it cannot fuse.
+    ``logsumexp`` saves each row's scaled float32 copy for backward, so B x [T, V] float32 stays
+    alive until backward, beside the caller's [B, T, V] logits during the forward. The training
+    path avoids both (``rlcode.algorithms.fused_head_logps`` never builds the logits); this
+    function is the fallback for heads that cannot be fused.
     """
     import torch
 
