@@ -4,17 +4,28 @@ Three paths over the same 16 rows (4 prompts x 4 generations, by default tempera
   generate            model.generate(do_sample=True): multinomial sampling
   generate+gumbel     model.generate(do_sample=False) with a logits processor adding Gumbel noise
   rlcode loop         HFGenerateBackend: Gumbel-max, finished rows leave the batch, shared prefill
-Prints tokens/s (tokens up to and including EOS) and the ratio to `generate`, best of --repeats,
-per wall-clock second and per CPU second of this process (steadier on a shared machine; use
---threads 1 there so idle OpenMP threads do not count).
+Prints tokens/s (tokens up to and including EOS) and the ratio to the first path (`generate` by
+default): best of --repeats per wall-clock second and per CPU second of this process (steadier on a
+shared machine; use --threads 1 there so idle OpenMP threads do not count), and the median per CPU
+second (steadier still when other jobs share the cores). `--stop` adds stop strings to every path
+(`generate()` gets `stop_strings`); `--paths` runs a subset; `--baseline REV` adds the loop as it was
+at git revision REV (its hf_backend.py and stop_strings.py), interleaved with today's, and checks
+that both sample the same completions.
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
+    python benchmarks/rollout_speed.py --models tiny-random --threads 1 --stop '```' '[DONE]' \
+        --paths "rlcode loop" --baseline ef14352
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
+import sys
 import time
+import types
+from pathlib import Path
 
 import torch
 
@@ -40,6 +51,25 @@ class GumbelNoise:
         return scores / self.temperature - torch.log(-torch.log(uniform))
 
 
+def backend_at(revision: str):
+    """HFGenerateBackend as it was at git `revision`, with that revision's stop-string matcher."""
+    root = Path(__file__).resolve().parents[1]
+
+    def load(path: str, name: str) -> types.ModuleType:
+        source = subprocess.run(["git", "-C", str(root), "show", f"{revision}:{path}"],
+                                capture_output=True, text=True, check=True).stdout
+        module = sys.modules[name] = types.ModuleType(name)
+        exec(compile(source, f"{revision}:{path}", "exec"), module.__dict__)
+        return module
+
+    current = sys.modules["rlcode.rollout.stop_strings"]
+    try:  # the old backend imports the old matcher under the usual name
+        load("rlcode/rollout/stop_strings.py", "rlcode.rollout.stop_strings")
+        return load("rlcode/rollout/hf_backend.py", f"hf_backend_at_{revision}").HFGenerateBackend
+    finally:
+        sys.modules["rlcode.rollout.stop_strings"] = current
+
+
 def counted_tokens(new_tokens: torch.Tensor, eos: int) -> int:
     """Tokens up to and including the first EOS of each row."""
     total = 0
@@ -48,7 +78,8 @@ def counted_tokens(new_tokens: torch.Tensor, eos: int) -> int:
     return total
 
 
-def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperature: float) -> None:
+def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperature: float,
+        stop: list[str], selected: list[str], baseline: str | None) -> None:
     tokenizer = load_tokenizer(model_name)
     model = load_model(model_name).eval()
     prompts = [render_prompt(tokenizer, text, chat=True) for text in PROMPTS]
@@ -56,6 +87,8 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperat
     encoded = tokenizer(rows, padding=True, return_tensors="pt", add_special_tokens=False)
     eos = tokenizer.eos_token_id
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+    if stop:
+        common.update(stop_strings=stop, tokenizer=tokenizer)
 
     def hf_generate():
         torch.manual_seed(0)
@@ -68,27 +101,45 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperat
         return counted_tokens(out[:, encoded["input_ids"].shape[1]:], eos)
 
     backend = HFGenerateBackend(model, tokenizer)
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop=stop, seed=0)
 
     def rlcode_loop():
         return backend.generate(prompts, group, params).num_generated_tokens
 
     paths = {"generate": hf_generate, "generate+gumbel": hf_generate_gumbel, "rlcode loop": rlcode_loop}
+    paths = {name: path for name, path in paths.items() if name in selected}
+    if baseline:
+        old_backend = backend_at(baseline)(model, tokenizer)
+        paths[f"loop @{baseline}"] = lambda: old_backend.generate(prompts, group, params).num_generated_tokens
+    first = next(iter(paths))
     best_wall: dict[str, float] = {}
     best_cpu: dict[str, float] = {}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in paths}
     with torch.no_grad():
-        for _ in range(repeats):
-            for name, path in paths.items():  # interleaved, so load changes hit every path alike
+        for repeat in range(repeats):
+            # interleaved, so load changes hit every path alike; the order alternates, as the path
+            # run first in a round measured slower
+            for name, path in list(paths.items())[:: -1 if repeat % 2 else 1]:
                 wall, cpu = time.perf_counter(), time.process_time()
                 tokens = path()
                 best_wall[name] = max(best_wall.get(name, 0.0), tokens / (time.perf_counter() - wall))
-                best_cpu[name] = max(best_cpu.get(name, 0.0), tokens / (time.process_time() - cpu))
-    print(f"\n{model_name}: batch {len(rows)}, {max_new_tokens} new tokens, T={temperature}, torch threads {torch.get_num_threads()}")
+                cpu_rates[name].append(tokens / (time.process_time() - cpu))
+                best_cpu[name] = max(best_cpu.get(name, 0.0), cpu_rates[name][-1])
+    print(f"\n{model_name}: batch {len(rows)}, {max_new_tokens} new tokens, T={temperature}, "
+          f"stop {stop or 'none'}, torch threads {torch.get_num_threads()}")
+    median = {name: statistics.median(rates) for name, rates in cpu_rates.items()}
     for name in paths:
         print(
-            f"  {name:16s} {best_wall[name]:8.1f} tokens/s wall (x{best_wall[name] / best_wall['generate']:.2f})"
-            f"   {best_cpu[name]:8.1f} tokens/CPU-s (x{best_cpu[name] / best_cpu['generate']:.2f})"
+            f"  {name:16s} {best_wall[name]:8.1f} tokens/s wall (x{best_wall[name] / best_wall[first]:.2f})"
+            f"   {best_cpu[name]:8.1f} tokens/CPU-s (x{best_cpu[name] / best_cpu[first]:.2f})"
+            f"   median {median[name]:8.1f} tokens/CPU-s (x{median[name] / median[first]:.2f})"
         )
+    if baseline:
+        with torch.no_grad():
+            ours, theirs = backend.generate(prompts, group, params), old_backend.generate(prompts, group, params)
+        same = (torch.equal(ours.completion_ids, theirs.completion_ids)
+                and ours.completion_texts == theirs.completion_texts)
+        print(f"  same completions as @{baseline} (seed 0): {'yes' if same else 'NO'}")
 
 
 def main() -> None:
@@ -99,11 +150,16 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--stop", nargs="*", default=[], help="stop strings for every path")
+    parser.add_argument("--baseline", help="git revision whose rlcode loop runs too (before/after)")
+    parser.add_argument("--paths", nargs="+", default=["generate", "generate+gumbel", "rlcode loop"],
+                        choices=["generate", "generate+gumbel", "rlcode loop"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     for model_name in args.models:
-        run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature)
+        run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature, args.stop, args.paths,
+            args.baseline)
 
 
 if __name__ == "__main__":

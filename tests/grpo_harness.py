@@ -93,14 +93,18 @@ def fit_steps(module, *, steps: int = 1, prompts_per_step: int = 2, callbacks=()
     return trainer
 
 
-def assert_same_gradients(a: dict, b: dict, tolerance: float = 1e-6) -> None:
+def assert_same_gradients(a: dict, b: dict, tolerance: float = 1e-5) -> None:
+    """Every parameter's gradient equal up to float summation order: max |a - b| <= tolerance x the
+    gradient's own scale (a normaliser that is off by any factor fails by orders of magnitude)."""
     assert a.keys() == b.keys() and a
     moved = 0
     for name in a:
         if a[name] is None or b[name] is None:
             assert a[name] is None and b[name] is None or _is_zero(a[name]) and _is_zero(b[name]), name
             continue
-        torch.testing.assert_close(a[name], b[name], atol=tolerance, rtol=1e-4, msg=name)
+        scale = max(float(b[name].abs().max()), 1e-12)
+        difference = float((a[name] - b[name]).abs().max())
+        assert difference <= tolerance * scale, f"{name}: max |difference| {difference:.3g} at scale {scale:.3g}"
         moved += bool(a[name].abs().max() > 0)
     assert moved, "no parameter got a gradient: the comparison would mean nothing"
 

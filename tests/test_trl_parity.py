@@ -3,7 +3,13 @@
 One GRPOTrainer is built per module on a tiny random Qwen2 model with an offline word-level
 tokenizer; each case sets the trainer's loss attributes, feeds both sides the same hand-made batch
 (off-policy ``old_logps`` so clipping acts) and compares the loss and every parameter's gradient.
-Our log-probs come from the same model's logits (its original forward), TRL's from its fused head.
+Our log-probs come from the production ``completion_logps`` (its chunked fused head, in chunks
+smaller than the completions), TRL's from its own fused head (``_get_per_token_logps_and_entropies``).
+
+Positions: TRL scores without ``position_ids`` (each row counts from its first pad), rlcode from
+each row's first real token, as generation does. Qwen2's rotary attention sees only a constant
+shift per row, to which it is invariant up to rounding, so the two agree to 1e-5 here; a model with
+absolute positions would not (tests/test_sequence_logps.py covers that).
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 
 from rlcode.algorithms.advantages import group_advantages  # noqa: E402
-from rlcode.algorithms.losses import LossTotals, per_token_logps, policy_loss  # noqa: E402
+from rlcode.algorithms import sequence_logps  # noqa: E402
+from rlcode.algorithms.losses import LossTotals, policy_loss  # noqa: E402
+from rlcode.algorithms.sequence_logps import completion_logps  # noqa: E402
 
 TEMPERATURE = 0.7
 MAX_COMPLETION_LENGTH = 8
 EPSILON_LOW, EPSILON_HIGH = 0.2, 0.28
 TOLERANCE = 1e-5
+CHUNK = 3  # tokens per fused-head chunk: fewer than the 8-token completions, so chunks are exercised
 WORDS = "def return if else for in range print x y z a b c = + - ( ) : 0 1 2 3".split()
 PAD, EOS = 0, 1
 
@@ -87,16 +96,47 @@ def _batch():
     return prompt_ids, (prompt_ids != PAD).long(), completion_ids, (completion_ids != PAD).long()
 
 
-def _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, P + T, V]
-    completion_length = completion_ids.size(1)
-    return per_token_logps(logits[:, -completion_length - 1 : -1], completion_ids, TEMPERATURE)  # [B, T]
+def _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size=CHUNK):
+    return completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, TEMPERATURE,
+                            chunk_size=chunk_size)  # [B, T]
 
 
 def _grads(model):
     return {name: param.grad.detach().clone() for name, param in model.named_parameters() if param.grad is not None}
+
+
+@pytest.mark.parametrize("chunk_size", [CHUNK, None])
+def test_completion_logps_and_gradients_match_trl(trainer, chunk_size):
+    """The production ``completion_logps`` against TRL's own per-token log-probs on the same
+    batch: values (0 on padding, as TRL) and every parameter's gradient of a weighted sum, to 1e-5,
+    with 3-token chunks and with the default chunk. Guards the fused head rlcode trains with."""
+    model = trainer.model
+    assert sequence_logps._fusable_head(model) is not None, "the fused path must be the one compared"
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    weights = torch.randn(completion_ids.shape, generator=torch.Generator().manual_seed(3))
+
+    model.zero_grad(set_to_none=True)
+    theirs, _, _ = trainer._get_per_token_logps_and_entropies(
+        model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
+        completion_ids.size(1))
+    (theirs * weights).sum().backward()
+    trl_grads = _grads(model)
+
+    model.zero_grad(set_to_none=True)
+    ours = _our_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
+    (ours * weights).sum().backward()
+    our_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+
+    logps_diff = (ours - theirs).abs().max().item()
+    assert trl_grads.keys() == our_grads.keys() and trl_grads
+    grad_diff = max((our_grads[name] - trl_grads[name]).abs().max().item() for name in trl_grads)
+    grad_scale = max(grad.abs().max().item() for grad in trl_grads.values())
+    print(f"chunk={chunk_size} max|dlogp|={logps_diff:.2e} max|dgrad|={grad_diff:.2e} (max|grad|={grad_scale:.2e})")
+    assert (theirs[completion_mask == 1] < 0).all() and (theirs[completion_mask == 0] == 0).all()
+    assert logps_diff <= TOLERANCE
+    assert grad_diff <= TOLERANCE
+    assert grad_scale > 1e-3, "gradients must be non-trivial for the comparison to mean something"
 
 
 CASES = [

@@ -107,9 +107,14 @@ def per_token_logps(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
     """log softmax(logits / temperature)[ids], one row at a time.
 
     logits: [B, T, V] (position t predicts ids[:, t]: shift before calling), ids: [B, T] -> [B, T]
-    float32. Looping over rows keeps the float32 temporaries at [T, V] instead of [B, T, V]
-    (the idea behind TRL's ``selective_log_softmax``); dividing by the sampling temperature scores
-    tokens under the distribution they were drawn from, as TRL does.
+    float32. Dividing by the sampling temperature scores tokens under the distribution they were
+    drawn from, as TRL does.
+
+    Memory: looping over rows bounds the float32 temporaries at [T, V] only without grad. With grad,
+    ``logsumexp`` saves each row's scaled float32 copy for backward, so B x [T, V] float32 stays
+    alive until backward, beside the caller's [B, T, V] logits during the forward. The training
+    path avoids both (``rlcode.algorithms.fused_head_logps`` never builds the logits); this
+    function is the fallback for heads that cannot be fused.
     """
     import torch
 

@@ -1,41 +1,82 @@
 """Per-token log-probabilities of completions under a model, in micro-batches.
 
 A completion's tokens are scored by running the model over prompt + completion and reading the
-logits one position earlier: logits at position t predict token t + 1. Only the completion part is
-kept (``logits_to_keep`` spares the prompt's share of the vocabulary projection).
+output one position earlier: position t predicts token t + 1. Only completion tokens are scored.
+
+Memory: the decoder body runs alone and the LM head is applied by ``fused_head_logps`` a chunk of
+tokens at a time, so no [B, C, V] logits tensor exists (Qwen's 152k vocabulary made those about
+3 GB at micro-batch 4 x 512 tokens, kept for backward). Models whose head we cannot reproduce
+exactly (an adapted, quantized or sharded head, logit scaling) take the plain path: the model's own
+logits through ``per_token_logps``; a log line says so once.
+
+Positions: prompts are left-padded, so each row's positions are counted from its first real
+token (``cumsum(mask) - 1``), as the generation loop does; without them a padded row would be
+scored at other positions than it was sampled at.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlcode.algorithms.fused_head_logps import fused_head_logps
 from rlcode.algorithms.losses import per_token_logps
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+log = logging.getLogger(__name__)
+
+# Config fields that rescale logits after the head (Cohere, Falcon-H1, Granite, ...): plain path.
+_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+_reported: set[str] = set()
+
+
+@dataclass(frozen=True)
+class _Head:
+    body: nn.Module  # the decoder: input ids -> last hidden states
+    weight: Tensor  # [V, H]
+    bias: Tensor | None  # [V]
+    softcap: float | None
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """[B, L] mask of left-padded rows -> [B, L] positions counted from each row's first real token."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
 
 def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                     completion_mask: Tensor, temperature: float) -> Tensor:
+                     completion_mask: Tensor, temperature: float, *, chunk_size: int | None = None) -> Tensor:
     """[B, P] left-padded prompts + [B, C] right-padded completions -> [B, C] float32 log-probs.
 
-    Gradients flow when called with grad enabled; wrap in ``torch.no_grad()`` for old/ref log-probs.
+    0 where ``completion_mask`` is 0 (as TRL). Gradients flow when called with grad enabled; wrap in
+    ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
+    16M logits per chunk, see ``fused_head_logps``).
     """
     import torch
 
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [B, P + C]
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+    active = completion_mask.bool()  # [B, C]
     length = completion_ids.size(1)
-    # +1: the last prompt position predicts the first completion token; the final position predicts
-    # nothing we sampled, so it is dropped.
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=length + 1).logits
-    logits = logits[:, :-1, :]  # [B, C, V]
-    return per_token_logps(logits, completion_ids, temperature)  # [B, C]
+    head = _fusable_head(model)
+    if head is None:
+        # +1: the last prompt position predicts the first completion token; the final position
+        # predicts nothing we sampled, so it is dropped.
+        logits = model(**inputs, logits_to_keep=length + 1).logits[:, :-1, :]  # [B, C, V]
+        return per_token_logps(logits, completion_ids, temperature).masked_fill(~active, 0.0)  # [B, C]
+    hidden = head.body(**inputs, use_cache=False).last_hidden_state[:, -length - 1 : -1]  # [B, C, H]
+    hidden = hidden.to(head.weight.device)  # a model split over devices may end elsewhere than its head
+    picked = fused_head_logps(hidden[active], head.weight, head.bias, completion_ids[active], temperature,
+                              head.softcap, chunk_size)  # [N active]
+    return picked.new_zeros(active.shape).masked_scatter(active, picked)  # [B, C]
 
 
 def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                              completion_ids: Tensor, completion_mask: Tensor, temperature: float,
-                             micro_batch_size: int) -> Tensor:
+                             micro_batch_size: int, *, chunk_size: int | None = None) -> Tensor:
     """``completion_logps`` without grad, ``micro_batch_size`` rows at a time -> [B, C]."""
     import torch
 
@@ -44,5 +85,41 @@ def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: 
         for start in range(0, completion_ids.size(0), micro_batch_size):
             part = slice(start, start + micro_batch_size)
             rows.append(completion_logps(model, prompt_ids[part], prompt_mask[part], completion_ids[part],
-                                         completion_mask[part], temperature))
+                                         completion_mask[part], temperature, chunk_size=chunk_size))
     return torch.cat(rows)
+
+
+def _fusable_head(model: nn.Module) -> _Head | None:
+    """The decoder body and a plain linear head of a causal LM (peft LoRA unwrapped), or None."""
+    import torch
+
+    from rlcode.models.adapters import is_lora_model
+
+    causal_lm = model
+    if is_lora_model(model):
+        config = model.peft_config.get(model.active_adapter)
+        if getattr(config, "is_prompt_learning", False):
+            return _plain_path("a prompt-learning peft adapter changes the inputs")
+        causal_lm = model.get_base_model()  # LoRA layers are injected in place: the body runs them
+    get_head = getattr(causal_lm, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if type(head) is not torch.nn.Linear:
+        kind = "missing" if head is None else f"{type(head).__module__}.{type(head).__qualname__}"
+        return _plain_path(f"the output head is {kind}, not a plain torch.nn.Linear (adapted? quantized?)")
+    body = getattr(causal_lm, "base_model", None)  # transformers: the decoder under base_model_prefix
+    if body is None or body is causal_lm:
+        return _plain_path(f"{type(causal_lm).__name__} exposes no decoder body")
+    if type(head.weight) is not torch.nn.Parameter:
+        return _plain_path(f"the head's weight is a {type(head.weight).__name__} (sharded?)")
+    config = causal_lm.config.get_text_config() if hasattr(causal_lm.config, "get_text_config") else causal_lm.config
+    scaled = [name for name in _LOGIT_SCALES if getattr(config, name, None) not in (None, 1, 1.0)]
+    if scaled:
+        return _plain_path(f"the config scales logits ({', '.join(scaled)})")
+    return _Head(body, head.weight, head.bias, getattr(config, "final_logit_softcapping", None))
+
+
+def _plain_path(reason: str) -> None:
+    if reason not in _reported:
+        _reported.add(reason)
+        log.warning("Completion log-probs use the model's full logits (more memory): %s.", reason)
+    return None

@@ -3,7 +3,9 @@
 Why not `model.generate()`: its multinomial sampling dominates a small model's step on CPU, one
 looping row keeps the whole batch running to the token limit, and stop strings cost a full-batch
 check. This loop samples with Gumbel-max, drops finished rows from the KV cache so the remaining
-ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times.
+ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times. Each
+step copies the sampled tokens to the host once and decides there which rows ended; a row's tail is
+decoded for stop strings only when its newest token could complete one.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class HFGenerateBackend:
         if not self.eos_token_ids:
             raise ValueError("No EOS token id found on the tokenizer or the model: pass eos_token_ids.")
         self.add_special_tokens = add_special_tokens
+        self._stop_matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def generate(self, prompts: list[str], num_generations: int, params: SamplingParams) -> RolloutBatch:
         """Sample `num_generations` completions per prompt; rows i*G..i*G+G-1 belong to prompt i."""
@@ -80,15 +83,28 @@ class HFGenerateBackend:
         encoded = self.tokenizer(
             prompts, padding=True, return_tensors="pt", add_special_tokens=self.add_special_tokens
         ).to(device)
-        decoded = self._decode(encoded["input_ids"], encoded["attention_mask"], group, params)
-        return self._assemble(encoded, group, decoded, StopStringMatcher(self.tokenizer, params.stop))
+        stop = self._stop_matcher(params.stop)
+        decoded = self._decode(encoded["input_ids"], encoded["attention_mask"], group, params, stop)
+        return self._assemble(encoded, group, decoded, stop)
 
-    def _decode(self, input_ids, attention_mask, group: int, params: SamplingParams) -> _Decoded:
-        """The sampling loop: one token per live row per step until every row has ended."""
+    def _stop_matcher(self, stop: list[str]) -> StopStringMatcher:
+        """One matcher per stop list, kept: it remembers which token ids can end a stop string."""
+        key = tuple(stop)
+        if key not in self._stop_matchers:
+            self._stop_matchers[key] = StopStringMatcher(self.tokenizer, stop)
+        return self._stop_matchers[key]
+
+    def _decode(self, input_ids, attention_mask, group: int, params: SamplingParams,
+                stop: StopStringMatcher) -> _Decoded:
+        """The sampling loop: one token per live row per step until every row has ended.
+
+        One device-to-host copy per step, of the sampled tokens: the end-of-row decisions (EOS,
+        stop strings) are made on the host from it. A stop string's tail is decoded only for rows
+        whose newest token may end one (see StopStringMatcher).
+        """
         device, rows, limit = input_ids.device, input_ids.shape[0] * group, params.max_new_tokens
         generator = _generator(params.seed, device)
-        eos = torch.tensor(self.eos_token_ids, device=device)
-        stop = StopStringMatcher(self.tokenizer, params.stop)
+        eos = set(self.eos_token_ids)
         result = _Decoded(
             completion_ids=torch.full((rows, limit), self.tokenizer.pad_token_id, dtype=torch.long, device=device),
             lengths=torch.full((rows,), limit, dtype=torch.long),
@@ -100,29 +116,35 @@ class HFGenerateBackend:
         logits, cache, positions = self._prefill(input_ids, attention_mask, group)
         attention_mask = attention_mask.repeat_interleave(group, dim=0)
         active = torch.arange(rows, device=device)  # original row index of each live batch row
+        active_rows = list(range(rows))  # the same, on the host
         for step in range(limit):
             tokens = next_tokens(logits, params.temperature, params.top_k, params.top_p, generator)  # [B]
             result.completion_ids[active, step] = tokens
-            finished = torch.isin(tokens, eos)
-            if stop:
-                for position, (row, token) in enumerate(zip(active.tolist(), tokens.tolist())):
+            finished = []  # batch positions whose row ends with this token
+            for position, (row, token) in enumerate(zip(active_rows, tokens.tolist())):
+                if token in eos:
+                    finished.append(position)
+                elif stop:
                     generated[row].append(token)
-                    if not finished[position] and stop.ends_with_stop(generated[row]):
-                        finished[position] = True
+                    if stop.may_end(token) and stop.ends_with_stop(generated[row]):
+                        finished.append(position)
                         result.stopped_by_string[row] = True
-            if finished.any():
-                done = active[finished].cpu()
+            if finished:
+                done = [active_rows[position] for position in finished]
                 result.lengths[done] = step + 1
                 result.ended[done] = True
-            keep = ~finished
-            if step == limit - 1 or not keep.any():
+            if step == limit - 1 or len(finished) == len(active_rows):
                 break
-            if not keep.all():
+            if finished:
                 # Finished rows leave the batch: the rest decode on a smaller, cheaper batch.
+                ended_here = set(finished)
+                kept = [position for position in range(len(active_rows)) if position not in ended_here]
+                active_rows = [active_rows[position] for position in kept]
+                keep = torch.tensor(kept, device=device)
                 active, tokens, positions = active[keep], tokens[keep], positions[keep]
                 attention_mask = attention_mask[keep]
-                cache.batch_select_indices(keep.nonzero().squeeze(-1))
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
+                cache.batch_select_indices(keep)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active_rows), 1))], dim=-1)
             positions = positions + 1
             logits = self._decode_step(tokens, attention_mask, positions, cache)
         return result
