@@ -47,16 +47,21 @@ def successes(record: StepRecord) -> int:
     """Successful completions as the first reward function counts them (execution: the program ran;
     MBPP tests: every assert passed), else those with a positive total reward. Episodes that know
     whether they solved their task (multi-step MBPP) count as one each."""
-    if record.episodes and record.episodes[0].get("success") is not None:
-        return sum(bool(e["success"]) for e in record.episodes)
+    if _episodes_know_success(record):
+        return sum(bool(e.get("success")) for e in record.episodes)
     first = next(iter(record.rewards_by_function), None)
     counted = record.reward_metrics.get(f"{first}/successful_predictions_count")
     return int(counted) if counted is not None else sum(r > 0 for r in record.rewards)
 
 
+def _episodes_know_success(record: StepRecord) -> bool:
+    """Multi-step MBPP (solved) and the code game (predicted correctly) say so per episode."""
+    return any(e.get("success") is not None for e in record.episodes)
+
+
 def trials(record: StepRecord) -> int:
     """What successes are counted among: episodes where they know success, else completions."""
-    if record.episodes and record.episodes[0].get("success") is not None:
+    if _episodes_know_success(record):
         return len(record.episodes)
     return len(record.rewards)
 

@@ -14,11 +14,11 @@ back over the turn's tokens, which for a constant advantage is the same surrogat
 
 from __future__ import annotations
 
-import copy
 from typing import Literal
 
 import torch
 
+from rlcode.algorithms.frozen_policy import frozen_copy, frozen_generator
 from rlcode.algorithms.grpo import GRPO
 from rlcode.algorithms.role_baselines import RoleBaselines
 from rlcode.envs.moves import MoveFormat
@@ -60,11 +60,8 @@ class SPIRAL(GRPO):
         if self.policy is not None:
             return
         super().configure_model()
-        if self.hparams.opponent == "frozen":
-            from rlcode.models import is_lora_model
-
-            if not is_lora_model(self.policy):  # with LoRA the adapter-free base is the starting policy
-                object.__setattr__(self, "_opponent_policy", copy.deepcopy(self.policy).requires_grad_(False).eval())
+        if self.hparams.opponent == "frozen":  # kept off the module tree: not saved, not optimized
+            object.__setattr__(self, "_opponent_policy", frozen_copy(self.policy))
 
     def _build_rewards(self):
         return None  # games score themselves: no sandbox
@@ -149,28 +146,8 @@ class SPIRAL(GRPO):
 
         if self._opponent_actor is None and self.hparams.opponent != "self":
             self._opponent_actor = (RandomLegalMover() if self.hparams.opponent == "random"
-                                    else PolicyOpponent(self.render, self._frozen_generator()))
+                                    else PolicyOpponent(self.render, frozen_generator(self, self._opponent_policy)))
         return self._opponent_actor
-
-    def _frozen_generator(self):
-        """(prompts, seed) -> completions of the starting policy: the frozen copy, or the base without
-        adapters under LoRA (where the adapters start at zero)."""
-        from rlcode.models import reference_mode
-        from rlcode.rollout import SamplingParams
-        from rlcode.rollout.hf_backend import HFGenerateBackend
-
-        copy_backend = (HFGenerateBackend(self._opponent_policy.to(self.device), self.tokenizer)
-                        if self._opponent_policy is not None else None)
-
-        def frozen(prompts, seed):
-            hp = self.hparams
-            params = SamplingParams(temperature=hp.temperature, top_p=hp.top_p, top_k=hp.top_k,
-                                    max_new_tokens=hp.max_new_tokens, stop=self.stop_strings(), seed=seed)
-            if copy_backend is not None:
-                return copy_backend.generate(prompts, 1, params)
-            with reference_mode(self.policy):
-                return self.backend.generate(prompts, 1, params)
-        return frozen
 
     def _game_ids(self) -> dict[str, int]:
         datamodule = getattr(self.trainer, "datamodule", None)
