@@ -249,3 +249,32 @@ def test_one_seat_against_a_fixed_opponent(tmp_path, opponent):
         assert game["turns"][0]["player"] == 0 and not game["turns"][0]["learner"]
         if opponent == "random":  # a random legal mover never loses by an invalid move
             assert game["turns"][0]["valid"]
+
+
+def test_game_mixture_is_drawn_by_weight_and_seeded_per_step_and_rank():
+    from rlcode.data.games import GameDataModule
+
+    data = GameDataModule(games=["TicTacToe-v0", "KuhnPoker-v0"], weights=[1.0, 0.0], episodes_per_step=6)
+    assert set(data.step_batch(0, 0)["game"]) == {"TicTacToe-v0"}
+    mixed = GameDataModule(games=["TicTacToe-v0", "KuhnPoker-v0"], episodes_per_step=64)
+    batch = mixed.step_batch(3, 1)
+    assert batch == mixed.step_batch(3, 1) and set(batch["game"]) == {"TicTacToe-v0", "KuhnPoker-v0"}
+    seeds = batch["seed"] + mixed.step_batch(3, 0)["seed"] + mixed.step_batch(4, 1)["seed"]
+    assert len(set(seeds)) == len(seeds), "every (step, rank, episode) deals its own game"
+    with pytest.raises(ValueError, match="one non-negative weight per game"):
+        GameDataModule(games=["TicTacToe-v0"], weights=[1.0, 2.0])
+
+
+def test_multigame_gpu_recipe_runs_on_the_tiny_model(tmp_path):
+    """The GPU recipe's settings (three games, boxed moves, dr_grpo, two PPO epochs, zero-advantage
+    turns dropped) run end to end with the tiny-model overlay."""
+    from rlcode.cli import main
+
+    main(["fit", "--config", str(REPO / "configs/spiral_multigame.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+          "--run.root_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+          "--data.episodes_per_step", "6", "--data.eval_episodes", "1", "--game_eval.every_n_steps", "0"])
+    run = next(tmp_path.glob("tiny/version_*"))
+    with (run / "metrics.csv").open() as handle:
+        columns = set(next(csv.DictReader(handle)))
+    for game in ("TicTacToe-v0", "KuhnPoker-v0", "SimpleNegotiation-v0"):
+        assert f"spiral/{game}/win_rate" in columns, game
