@@ -35,7 +35,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
                        StepCheckpoint, TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
-from rlcode.data.datamodule import MBPPDataModule  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import os
-from pathlib import Path
 
 import pytest
 

@@ -10,7 +10,6 @@ the model's own answers are trained, in the context of the whole conversation it
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
 
