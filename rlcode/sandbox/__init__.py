@@ -5,9 +5,16 @@
         result = pool.submit(Program("def f(x): return x + 1", probes=("f(1)",))).result()
         result.status, result.probe_lines             # Status.OK, ['{"i":0,"v":2}']
 
+Trust boundary, in the layout: ``inside/`` holds the only code that runs inside the sandbox (the
+worker's main loop, the child harness, process-tree killing, outcome reporting, the plain-data
+encoder); it must assume candidate code beside it. Every other module here is the trusted parent
+side and never runs candidate code, but reads what the sandbox sends (result lines, probe values) as
+hostile input: pool and worker slots, launch and isolation detection, the seccomp policy,
+plain-data decoding, the parent-side assert evaluator and verdicts.
+
 Process model (see DESIGN.md): the trainer's pool hands executions (futures, tags) to long-lived
-workers; each worker runs the base interpreter with ``-I -S`` from a private copy of three stdlib-only
-files (worker_main.py, child_harness.py, plain_data.py), inside bubblewrap, with MBPP's usual stdlib
+workers; each worker runs the base interpreter with ``-I -S`` from a private copy of the stdlib-only
+files in ``inside/``, inside bubblewrap, with MBPP's usual stdlib
 modules pre-imported, and forks one child per execution. The child becomes init of a fresh PID
 namespace, drops to uid 65534, applies rlimits and a seccomp filter, runs the program in a private
 temp dir with a scrubbed environment and empty stdin. The worker holds the clock, drains and caps the

@@ -1,7 +1,7 @@
 """How a worker is started at each isolation level: its files, command line, environment and config.
 
 The worker runs the *base* interpreter (not the venv's) with ``-I -S``, from a private read-only copy
-of three stdlib-only files, so nothing from the project or site-packages is visible or importable.
+of the stdlib-only files in ``inside/``, so nothing from the project or site-packages is visible or importable.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_data.py")
+INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
+WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
@@ -66,9 +67,8 @@ def stage_worker_files(seccomp_bpf: bytes | None) -> str:
     _remove_orphaned_stagings()
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX)
     (Path(staging) / OWNER_FILE).write_text(str(os.getpid()))
-    here = Path(__file__).parent
     for name in WORKER_FILES:
-        shutil.copyfile(here / name, Path(staging) / name)
+        shutil.copyfile(INSIDE_DIR / name, Path(staging) / name)
     if seccomp_bpf is not None:
         (Path(staging) / SECCOMP_FILE).write_bytes(seccomp_bpf)
     return staging

@@ -18,7 +18,7 @@ import sys
 import traceback
 import types
 
-import plain_data
+import plain_encode
 
 VALUES_FD = 3
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +32,7 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 
 # Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
-_dumps = plain_data.dumps
+_dumps = plain_encode.dumps
 _write = os.write
 _exit = os._exit
 _compile = compile
@@ -245,7 +245,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.modules["__main__"] = main
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
-    for name in ("plain_data", "child_harness", "worker_main", "outcome", "process_tree"):
+    for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]
