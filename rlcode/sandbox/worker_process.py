@@ -137,11 +137,12 @@ class WorkerProcess:
                     return json.loads(line)
                 except ValueError:
                     raise WorkerFailure(f"unreadable worker message {line[:200]!r}") from None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            # Look before judging: this thread may have been starved past the deadline (the GIL held
+            # elsewhere) while the answer sat in the pipe. Only an empty pipe after it is a timeout.
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready and time.monotonic() >= deadline:
                 self.kill()
                 raise WorkerFailure("worker did not answer in time (killed)")
-            ready, _, _ = select.select([fd], [], [], remaining)
             if ready:
                 data = os.read(fd, 1 << 20)
                 if not data:
