@@ -7,7 +7,12 @@ Levels, strongest first:
                 only inside the user namespace (to the host the child is still you) and the worker
                 has no capabilities, so descendants are killed through the subreaper, not a PID namespace.
   process       no bubblewrap (clusters): fork + rlimits + seccomp (the network is denied by seccomp
-                only) + uid 65534 when root; the filesystem is NOT hidden.
+                only) + uid 65534 when root; the filesystem is not hidden, only walled off by
+                Landlock where the kernel has it (Linux >= 5.13).
+
+Landlock is a layer at every level where the kernel has it. With no layer hiding the filesystem
+(no bubblewrap and no Landlock) the pool refuses to run untrusted code unless the user opts in
+(``SandboxPool(allow_visible_filesystem=True)`` or ALLOW_VISIBLE_FS_ENV=1).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .seccomp_policy import SeccompUnavailable, build_filter_bpf
 from .worker_process import WorkerFailure, WorkerProcess
 
 LEVELS = ("bwrap", "bwrap-userns", "process")
+ALLOW_VISIBLE_FS_ENV = "RLCODE_SANDBOX_ALLOW_VISIBLE_FS"
 REQUESTS = ("auto", *LEVELS)
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,11 @@ class IsolationReport:
     @property
     def weaker_than_bwrap(self) -> bool:
         return self.level != "bwrap"
+
+    @property
+    def filesystem_hidden(self) -> bool:
+        """Some layer keeps the user's files from candidate code (bubblewrap, or Landlock)."""
+        return bool(self.layers.get("filesystem_hidden") or self.layers.get("landlock"))
 
     def describe(self) -> str:
         lines = [f"sandbox isolation: {self.level}" + ("" if not self.weaker_than_bwrap
@@ -71,7 +82,18 @@ def detect_isolation(isolation: str = "auto") -> IsolationReport:
     return probe.report
 
 
-def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -> Probe:
+def refuse_visible_filesystem(report: IsolationReport, allowed: bool) -> None:
+    """Raise unless some layer hides the user's files or the user opted in (config or env)."""
+    if report.filesystem_hidden or allowed or os.environ.get(ALLOW_VISIBLE_FS_ENV) == "1":
+        return
+    raise IsolationUnavailable(
+        f"sandbox isolation {report.level!r} would let model-written code read and write your files "
+        "(no bubblewrap, no Landlock); fix: apt-get install bubblewrap (or run on Linux >= 5.13 with "
+        f"Landlock), or opt in with SandboxPool(allow_visible_filesystem=True) / {ALLOW_VISIBLE_FS_ENV}=1")
+
+
+def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
+                    site_packages: bool = False) -> Probe:
     """Detect the level by starting a worker; ``keep_worker`` hands that (fresh, unused) worker
     over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s)."""
     if isolation not in REQUESTS:
@@ -95,7 +117,7 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -
         if level != "process" and not bwrap:
             failures.append("bwrap not found")
             continue
-        launch = build_launch(level, staging, limits, bwrap=bwrap)
+        launch = build_launch(level, staging, limits, bwrap=bwrap, site_packages=site_packages)
         try:
             worker = WorkerProcess(launch, startup_timeout=30.0)
         except WorkerFailure as e:
@@ -115,8 +137,12 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -
 def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) -> IsolationReport:
     bwrap = level != "process"
     real_uid_drop = bool(worker.get("uid_drop"))
+    abi = int(worker.get("landlock_abi") or 0)
     layers = {
         "filesystem_hidden": bwrap,
+        "landlock": bool(worker.get("landlock")),
+        "tmpfs_per_execution": bool(worker.get("tmpfs_per_execution")),
+        "ipc_objects_denied": bool(worker.get("seccomp")),
         "network_namespace": bwrap or bool(worker.get("network_namespace")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
@@ -132,6 +158,18 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         else "the child sees the host filesystem (with uid 65534's permissions when root)",
         "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
         else "network denied by seccomp only (host abstract UNIX sockets reachable)",
+        "landlock": (f"ABI {abi}: read-only interpreter and system paths, read-write only the "
+                     "execution's temp dir" + (" and /dev/shm" if bwrap or worker.get("tmpfs_per_execution")
+                                              else "") + ("; no TCP bind/connect" if abi >= 4 else "")
+                     + ("; no abstract UNIX sockets or signals outside the execution" if abi >= 6 else ""))
+        if worker.get("landlock") else ("the kernel has no Landlock (Linux >= 5.13 with it enabled)"
+                                        if not abi else "not applied"),
+        "tmpfs_per_execution": "a fresh tmpfs for the temp dir and /dev/shm whenever an execution left "
+        "anything" if worker.get("tmpfs_per_execution") else
+        "the temp dir is emptied with fd-relative deletes; a worker that cannot empty it is recycled",
+        "ipc_objects_denied": "SysV IPC and POSIX message queues denied by seccomp (nothing outlives an "
+        "execution)" if worker.get("seccomp") else "no seccomp: as root the worker moves to a fresh IPC "
+        "namespace when an execution leaves objects" if real_uid_drop else "IPC objects may outlive executions",
         "seccomp": seccomp_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections.abc import Iterable, Mapping
 
-from .isolation import IsolationReport, probe_isolation
+from .isolation import IsolationReport, IsolationUnavailable, probe_isolation, refuse_visible_filesystem
 from .launch import Limits
 from .result import ExecResult, ExecutionInfo, Program, Status
 from .worker_slot import Job, WorkerSlot, internal_result
@@ -38,7 +38,8 @@ class SandboxPool:
     def __init__(self, workers: int | None = None, timeout: float = 10.0, memory_mb: int = 1024,
                  max_output_bytes: int = 65536, isolation: str = "auto",
                  tags: Mapping[str, str] | None = None, *, max_processes: int = 64,
-                 recycle_after: int = 2000):
+                 recycle_after: int = 2000, allow_visible_filesystem: bool = False,
+                 site_packages: bool = False):
         """
         Args:
             workers: candidate workers (default: one per core). A dedicated reference worker is
@@ -51,6 +52,11 @@ class SandboxPool:
             tags: tags added to every execution (per-call tags override them).
             max_processes: RLIMIT_NPROC (processes + threads of uid 65534, across all workers).
             recycle_after: restart a worker after this many executions (defence in depth).
+            allow_visible_filesystem: run even where no layer hides your files from the programs
+                (no bubblewrap, no Landlock); otherwise that is an IsolationUnavailable error.
+                The environment variable RLCODE_SANDBOX_ALLOW_VISIBLE_FS=1 opts in too.
+            site_packages: let programs import from the base interpreter's site-packages
+                (default: the standard library only).
         """
         if workers is not None and workers < 1:
             raise ValueError(f"SandboxPool needs workers >= 1 (or None for one per core), got {workers}")
@@ -64,7 +70,15 @@ class SandboxPool:
         # The probe's worker becomes the first slot's, if the thread that started it lives as long
         # as the pool: its parent-death signal fires when that *thread* exits (see WorkerProcess).
         in_main_thread = threading.current_thread() is threading.main_thread()
-        probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread)
+        probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread,
+                                site_packages=site_packages)
+        try:
+            refuse_visible_filesystem(probe.report, allow_visible_filesystem)
+        except IsolationUnavailable:
+            if probe.worker is not None:
+                probe.worker.close()
+            shutil.rmtree(probe.staging, ignore_errors=True)
+            raise
         self.isolation: IsolationReport = probe.report
         self._staging, self._launch = probe.staging, probe.launch
         self._lock = threading.Lock()

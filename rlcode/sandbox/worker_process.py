@@ -31,6 +31,7 @@ class WorkerProcess:
         self._write_lock = threading.Lock()
         self._buffer = bytearray()
         self.executions = 0
+        self.retiring = False  # set by the slot: close once the executions sent have answered
         try:
             self._process = subprocess.Popen(
                 launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,

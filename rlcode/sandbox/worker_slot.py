@@ -108,7 +108,7 @@ class WorkerSlot:
     def _may_prefetch(self) -> bool:
         worker = self.worker
         return (len(self.inflight) < PIPELINE_DEPTH and worker is not None and worker.alive
-                and worker.executions < self.pool.recycle_after
+                and worker.executions < self.pool.recycle_after and not worker.retiring
                 and self.pool._more_work_than_idle_slots(self.queue))
 
     def _send(self, job: Job) -> None:
@@ -146,6 +146,8 @@ class WorkerSlot:
             self._worker_failed(e, job)
             return
         self.inflight.popleft()
+        if raw.get("recycle"):  # it could not empty its scratch dirs: no more work for it
+            worker.retiring = True
         self.pool._finish(job, result_from_worker(job, raw, worker.launch.level))
 
     def _worker_failed(self, error: WorkerFailure, job: Job) -> None:
@@ -161,7 +163,8 @@ class WorkerSlot:
 
     def _ready_worker(self) -> WorkerProcess:
         worker = self.worker
-        if worker is not None and (not worker.alive or worker.executions >= self.pool.recycle_after):
+        if worker is not None and (not worker.alive or worker.executions >= self.pool.recycle_after
+                                   or worker.retiring):
             worker.close()
             worker = self.worker = None
         if worker is None:

@@ -18,9 +18,11 @@ import sys
 import traceback
 import types
 
+import landlock
 import plain_encode
 
 VALUES_FD = 3
+LANDLOCK_FD = 4  # the worker's Landlock ruleset, until confine() has entered it
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SANDBOX_UID = 65534
 PR_SET_PDEATHSIG = 1
@@ -33,6 +35,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 
 # Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
 _dumps = plain_encode.dumps
+_landlock_restrict = landlock.restrict_self
 _write = os.write
 _exit = os._exit
 _compile = compile
@@ -129,8 +132,9 @@ class Confinement:
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
     def __init__(self, *, workdir: str, limits: dict, drop_uid: bool, seccomp_program,
-                 private_proc: bool = False):
+                 landlock: bool = False, private_proc: bool = False):
         self.workdir, self.drop_uid, self.private_proc = workdir, drop_uid, private_proc
+        self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
         self.seccomp_program = seccomp_program
         self.rlimits = [(getattr(resource, name), (value, value + 1) if name == "RLIMIT_CPU" else (value, value))
                         for name, value in limits.items()]
@@ -155,6 +159,9 @@ def confine(plan: Confinement) -> None:
     # uid change, which clears the parent-death signal.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
+    if plan.landlock:  # after the mounts (a Landlock domain may not change them) and the uid drop
+        _landlock_restrict(LANDLOCK_FD)
+        os.close(LANDLOCK_FD)
     if plan.seccomp_program is not None:
         plan.seccomp_program.load()
 
@@ -245,7 +252,8 @@ def run(code: str, setup: str, probes) -> None:
     sys.modules["__main__"] = main
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
-    for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree"):
+    for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
+                 "scratch", "worker_mounts"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

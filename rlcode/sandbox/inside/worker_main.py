@@ -35,8 +35,11 @@ for _name in PREIMPORTS:
 # -I leaves the script's directory off sys.path; our two sibling modules live there.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
+import landlock  # noqa: E402
 import outcome  # noqa: E402
 import process_tree  # noqa: E402
+import scratch  # noqa: E402
+import worker_mounts  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -46,7 +49,6 @@ PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
 KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_process.py)
 NPROC_SLACK = 256  # non-root only: room for the trainer's own processes and threads to grow
-MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -93,8 +95,6 @@ class Worker:
         self.control = LineReader(proto_in)
         self.proto_out = proto_out
         self.is_root = os.getuid() == 0
-        self.tmp_root = config["tmp_root"]
-        self.workdir_count = 0
         self.in_bwrap = bool(config.get("in_bwrap"))
         self.seccomp = None
         if config.get("seccomp_bpf_path"):
@@ -111,7 +111,8 @@ class Worker:
             # children (no network, not even the host's abstract UNIX sockets), once per worker.
             self.own_network = _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0
         if config.get("python_prefix") and self.is_root:
-            self.prefix_reachable = _expose_to_sandbox_user(config["python_prefix"])
+            self.prefix_reachable = worker_mounts.expose_to_sandbox_user(config["python_prefix"])
+        self._make_scratch(config)
         # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
         # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
         # the namespace's count) with what already runs, e.g. the trainer's threads: count them
@@ -122,6 +123,48 @@ class Worker:
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
+
+    def _make_scratch(self, config: dict) -> None:
+        """The execution's temp dir (and /dev/shm where it is private to us), emptied between
+        executions (see scratch.py); a Landlock ruleset allowing writes there and nowhere else."""
+        # Root under bwrap is in bwrap's mount namespace; root without it gets one of its own.
+        can_mount = self.is_root and (self.in_bwrap or worker_mounts.private_mount_namespace())
+        size, inodes = config["tmpfs_bytes"], config["tmp_inodes"]
+        owner = child_harness.SANDBOX_UID if self.is_root else None
+        self.workdir = scratch.ScratchDir(f"{config['tmp_root']}/work", mode=0o700, owner=owner,
+                                          mount=can_mount, size_bytes=size, inodes=inodes)
+        self.shm = None  # the process level without root shares the host's /dev/shm: left alone
+        if self.in_bwrap or can_mount:
+            self.shm = scratch.ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=can_mount,
+                                          size_bytes=size, inodes=inodes)
+        self.recycle = False  # set when a scratch dir could not be emptied
+        self.landlock = None
+        abi = landlock.abi_version() if config.get("landlock") else 0
+        if abi:
+            paths = config["landlock"]
+            self.landlock = landlock.Policy(abi, paths["read"], paths["devices"], paths.get("list", ()))
+        self.ruleset, self.ruleset_for = None, None
+        self._refresh_ruleset()
+
+    def _refresh_ruleset(self) -> None:
+        """(Re)build the Landlock ruleset when a scratch dir was replaced (rules hold inodes)."""
+        writable = [d for d in (self.workdir, self.shm) if d is not None]
+        key = tuple((d.path, d.generation) for d in writable)
+        if self.landlock is None or key == self.ruleset_for:
+            return
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+        self.ruleset, self.ruleset_for = self.landlock.build([d.path for d in writable]), key
+
+    def _reset_scratch(self) -> None:
+        clean = True
+        for directory in (self.workdir, self.shm):
+            try:
+                clean = (directory is None or directory.reset()) and clean
+            except OSError:
+                clean = False
+        self.recycle = self.recycle or not clean
+        self._refresh_ruleset()
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -150,6 +193,8 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
+                "landlock_abi": self.landlock.abi if self.landlock else landlock.abi_version(),
+                "landlock": self.landlock is not None, "tmpfs_per_execution": self.workdir.mounted,
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
@@ -172,20 +217,29 @@ class Worker:
             except Exception as exc:  # the sandbox's own failure: report, keep serving
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
             result.update(op="result", id=message["id"])
+            if self.recycle:  # the parent retires this worker once its queued executions are done
+                result["recycle"] = True
             _write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
-        self.workdir_count += 1
-        workdir = f"{self.tmp_root}/x{os.getpid()}-{self.workdir_count}"  # tmp_root is ours, 0755
-        os.mkdir(workdir, 0o700)
         try:
-            if self.is_root:
-                os.chown(workdir, child_harness.SANDBOX_UID, child_harness.SANDBOX_UID)
-            return self._run_child(request, workdir)
-        finally:
-            _remove_tree(workdir)
-            if self.in_bwrap:
-                _clear_directory("/dev/shm")  # private to this worker's sandbox
+            return self._run_child(request, self.workdir.path)
+        finally:  # every process of the execution is gone: nothing can write there any more
+            self._reset_scratch()
+            if self.seccomp is None and self.is_root:
+                self._drop_ipc_objects()
+
+    def _drop_ipc_objects(self) -> None:
+        """Without the seccomp filter (which denies creating them) SysV IPC objects could outlive
+        the execution: if any exist, move to a fresh IPC namespace, freeing the old one whole."""
+        for kind in ("shm", "msg", "sem"):
+            try:
+                with open(f"/proc/sysvipc/{kind}", "rb") as f:
+                    if len(f.read().splitlines()) > 1:  # a header line, then one line per object
+                        _libc.unshare(CLONE_NEWIPC)
+                        return
+            except OSError:
+                pass
 
     def _run_child(self, request: dict, workdir: str) -> dict:
         out_r, out_w = os.pipe()
@@ -197,7 +251,8 @@ class Worker:
         limits["RLIMIT_NPROC"] += self.nproc_base
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
         plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
-                                         seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
+                                         seccomp_program=self.seccomp, landlock=self.ruleset is not None,
+                                         private_proc=not self.in_bwrap and self.ruleset is None)
         if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         started = time.monotonic()
@@ -208,7 +263,10 @@ class Worker:
                 os.dup2(out_w, 1)  # fd 0 is already /dev/null (see main())
                 os.dup2(err_w, 2)
                 os.dup2(val_w, child_harness.VALUES_FD)
-                os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
+                last_kept = child_harness.VALUES_FD
+                if self.ruleset is not None:  # entered, then closed, in confine()
+                    last_kept = os.dup2(self.ruleset, child_harness.LANDLOCK_FD)
+                os.closerange(last_kept + 1, 1 << 16)  # protocol pipes, ns fd, ...
                 child_harness.confine(plan)
             except BaseException as exc:
                 try:
@@ -296,34 +354,6 @@ class Worker:
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason
 
-def _expose_to_sandbox_user(path: str) -> bool:
-    """Without bwrap, a root worker's children drop to uid 65534, which cannot enter a python
-    prefix under a 0700 directory (pyenv in /root): only modules imported before the fork would
-    work. So in a private mount namespace of the worker (inherited by its children), cover that
-    directory with an empty 0755 tmpfs (hiding the rest of it) and bind the prefix back, read-only."""
-    parts = path.rstrip("/").split("/")
-    ancestors = ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
-    blocked = [a for a in ancestors if not os.stat(a).st_mode & 0o001]
-    if not blocked:
-        return True
-    if blocked[0] == path or _libc.unshare(child_harness.CLONE_NEWNS) != 0:
-        return False
-    private = child_harness.MS_REC | child_harness.MS_PRIVATE
-    if _libc.mount(None, b"/", None, ctypes.c_ulong(private), None) != 0:
-        return False
-    keep = os.open(path, os.O_PATH | os.O_DIRECTORY)
-    flags = child_harness.MS_NOSUID | child_harness.MS_NODEV
-    if _libc.mount(b"tmpfs", blocked[0].encode(), b"tmpfs", ctypes.c_ulong(flags), b"mode=0755,size=1m") != 0:
-        return False
-    os.makedirs(path, mode=0o755, exist_ok=True)
-    source = f"/proc/self/fd/{keep}".encode()
-    if _libc.mount(source, path.encode(), None, ctypes.c_ulong(MS_BIND | child_harness.MS_REC), None) != 0:
-        return False
-    _libc.mount(None, path.encode(), None, ctypes.c_ulong(MS_BIND | MS_REMOUNT | MS_RDONLY | flags), None)
-    os.close(keep)
-    return True
-
-
 def _drain(fd: int, stream) -> None:
     os.set_blocking(fd, False)
     while True:
@@ -334,37 +364,6 @@ def _drain(fd: int, stream) -> None:
         if not data:
             return
         stream.add(data)
-
-
-def _remove_tree(path: str) -> None:
-    """Delete what a program left (usually nothing: one rmdir). No shutil: not worth its pages."""
-    try:
-        os.rmdir(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError:
-        pass
-    _clear_directory(path)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def _clear_directory(path: str) -> None:
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
 
 
 def main() -> None:
