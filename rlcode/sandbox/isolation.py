@@ -22,6 +22,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from . import cgroups
 from .launch import Limits, build_launch, stage_worker_files
 from .seccomp_policy import SeccompUnavailable, build_filter_bpf
 from .worker_process import WorkerFailure, WorkerProcess
@@ -77,7 +78,12 @@ class Probe:
 def detect_isolation(isolation: str = "auto") -> IsolationReport:
     """Start one worker at the requested level (``auto``: the strongest that works) and report
     the layers it actually turned on. Raises IsolationUnavailable for an impossible request."""
-    probe = probe_isolation(isolation, Limits())
+    limits, groups = Limits(), cgroups.setup()
+    try:
+        slot = groups.slot("probe", limits.memory_mb << 20, limits.max_processes)
+        probe = probe_isolation(isolation, limits, cgroups=groups, worker_config=groups.worker_config(slot))
+    finally:
+        groups.remove()
     shutil.rmtree(probe.staging, ignore_errors=True)
     return probe.report
 
@@ -93,9 +99,10 @@ def refuse_visible_filesystem(report: IsolationReport, allowed: bool) -> None:
 
 
 def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
-                    site_packages: bool = False) -> Probe:
+                    site_packages: bool = False, cgroups=None, worker_config: dict | None = None) -> Probe:
     """Detect the level by starting a worker; ``keep_worker`` hands that (fresh, unused) worker
-    over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s)."""
+    over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s).
+    ``cgroups`` (cgroups.CgroupLimits) and ``worker_config``: the pool's, for that first worker."""
     if isolation not in REQUESTS:
         raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
     try:
@@ -117,9 +124,10 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
         if level != "process" and not bwrap:
             failures.append("bwrap not found")
             continue
-        launch = build_launch(level, staging, limits, bwrap=bwrap, site_packages=site_packages)
+        launch = build_launch(level, staging, limits, bwrap=bwrap, site_packages=site_packages,
+                              cgroups=cgroups)
         try:
-            worker = WorkerProcess(launch, startup_timeout=30.0)
+            worker = WorkerProcess(launch, startup_timeout=30.0, config=worker_config)
         except WorkerFailure as e:
             failures.append(f"{level}: {' '.join(str(e).split())[-300:]}")  # one line
             continue
@@ -143,6 +151,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "landlock": bool(worker.get("landlock")),
         "tmpfs_per_execution": bool(worker.get("tmpfs_per_execution")),
         "ipc_objects_denied": bool(worker.get("seccomp")),
+        "cgroup_limits": bool(worker.get("cgroup")),
         "network_namespace": bwrap or bool(worker.get("network_namespace")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
@@ -170,14 +179,19 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "ipc_objects_denied": "SysV IPC and POSIX message queues denied by seccomp (nothing outlives an "
         "execution)" if worker.get("seccomp") else "no seccomp: as root the worker moves to a fresh IPC "
         "namespace when an execution leaves objects" if real_uid_drop else "IPC objects may outlive executions",
+        "cgroup_limits": "memory (no swap) and pids limits for all processes of an execution together"
+        if worker.get("cgroup") else "no writable cgroup here (needs root): per-process RLIMIT_AS and "
+        "per-uid RLIMIT_NPROC only",
         "seccomp": seccomp_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
-        "uid_65534": "real uid 65534 (RLIMIT_NPROC binds)" if real_uid_drop
+        "uid_65534": "real uid 65534" if real_uid_drop
         else ("uid 65534 inside the user namespace only" + (" (as root it maps to host root: RLIMIT_NPROC "
               "does not bind; use level bwrap)" if os.geteuid() == 0 else "") if level == "bwrap-userns"
               else "not root: the child keeps your uid; RLIMIT_NPROC counts all your processes"),
-        "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, NPROC, CORE=0",
+        "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, CORE=0" + (
+            " (processes: the pids cgroup, not the per-uid RLIMIT_NPROC)" if worker.get("cgroup")
+            else ", NPROC (counts every process of the uid on the machine)"),
         "python_prefix_readable": "" if worker.get("prefix_reachable", True) else
         "uid 65534 cannot enter the python prefix: only modules the worker pre-imported will import",
     }

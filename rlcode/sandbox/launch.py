@@ -97,9 +97,11 @@ def sandbox_env(prefix: str) -> dict[str, str]:
 
 
 def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None = None,
-                 site_packages: bool = False) -> WorkerLaunch:
+                 site_packages: bool = False, cgroups=None) -> WorkerLaunch:
     """How to start a worker at ``level``; ``site_packages``: let children read the base
-    interpreter's site-packages (default: the standard library only)."""
+    interpreter's site-packages (default: the standard library only); ``cgroups``: the pool's
+    ``cgroups.CgroupLimits``, made reachable to root workers' children (see cgroups.py)."""
+    use_cgroups = cgroups is not None and cgroups.active and level != "bwrap-userns"
     executable, prefix = base_interpreter()
     env = sandbox_env(prefix)
     has_seccomp = os.path.exists(os.path.join(staging, SECCOMP_FILE))
@@ -112,6 +114,7 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
         worker_dir, tmp_root = WORKER_DIR_IN_SANDBOX, "/tmp"
         argv = [bwrap or "bwrap", *_bwrap_arguments(level, staging, executable, prefix, env, limits),
                 *([] if site_packages else _hide_site_packages(prefix)),
+                *(cgroups.bind_arguments() if use_cgroups else []),
                 "--", executable, "-I", "-S", f"{WORKER_DIR_IN_SANDBOX}/worker_main.py"]
     config = {
         "env": env, "limits": limits.rlimits(), "memory_mb": limits.memory_mb,
@@ -119,6 +122,9 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
         "tmp_root": tmp_root, "in_bwrap": level != "process",
         "tmpfs_bytes": limits.tmpfs_bytes, "tmp_inodes": limits.tmp_inodes,
         "landlock": landlock_paths(level, executable, prefix, site_packages),
+        # The pids cgroup bounds each execution; RLIMIT_NPROC would count every uid-65534 process
+        # of the machine (other workers, other pools) and is dropped where the cgroup holds.
+        "nproc_by_cgroup": use_cgroups and "pids" in cgroups.pool_dirs,
         "seccomp_bpf_path": os.path.join(worker_dir, SECCOMP_FILE) if has_seccomp else None,
         "python_prefix": prefix if level == "process" else None,  # bwrap binds it reachable itself
     }

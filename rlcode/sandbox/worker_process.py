@@ -20,11 +20,12 @@ class WorkerFailure(RuntimeError):
 class WorkerProcess:
     """One long-lived worker. Not thread-safe except for ``kill_execution`` and ``close``."""
 
-    def __init__(self, launch: WorkerLaunch, startup_timeout: float = 30.0):
+    def __init__(self, launch: WorkerLaunch, startup_timeout: float = 30.0, config: dict | None = None):
         """Start the worker and wait for its hello (which lists the layers it could turn on).
 
         Call this from a thread that outlives the worker: PR_SET_PDEATHSIG (bwrap's
-        --die-with-parent) fires when the *thread* that started the process exits.
+        --die-with-parent) fires when the *thread* that started the process exits. ``config``: this
+        worker's own additions to the launch's config (its slot's cgroups).
         """
         self.launch = launch
         self._stderr = tempfile.TemporaryFile()
@@ -38,7 +39,7 @@ class WorkerProcess:
                 env=launch.env, start_new_session=True, close_fds=True, bufsize=0, cwd="/")
         except OSError as e:
             raise WorkerFailure(f"could not start the worker ({launch.argv[0]}): {e}") from None
-        config = dict(launch.config)
+        config = {**launch.config, **(config or {})}
         if launch.level == "process":  # inside bwrap our pid is invisible; --die-with-parent covers it
             config["parent_pid"] = os.getpid()
         self._send(config)

@@ -132,9 +132,10 @@ class Confinement:
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
     def __init__(self, *, workdir: str, limits: dict, drop_uid: bool, seccomp_program,
-                 landlock: bool = False, private_proc: bool = False):
+                 landlock: bool = False, private_proc: bool = False, cgroup_procs=()):
         self.workdir, self.drop_uid, self.private_proc = workdir, drop_uid, private_proc
         self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
+        self.cgroup_procs = [path.encode() for path in cgroup_procs or ()]  # files to join (as root)
         self.seccomp_program = seccomp_program
         self.rlimits = [(getattr(resource, name), (value, value + 1) if name == "RLIMIT_CPU" else (value, value))
                         for name, value in limits.items()]
@@ -143,6 +144,12 @@ class Confinement:
 def confine(plan: Confinement) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
+    for procs in plan.cgroup_procs:  # the execution's memory and pids limits, before any fork
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")  # "0": the writing process itself
+        finally:
+            os.close(fd)
     if plan.private_proc:
         _private_mounts()
     os.chdir(plan.workdir)

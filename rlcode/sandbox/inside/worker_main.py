@@ -113,6 +113,9 @@ class Worker:
         if config.get("python_prefix") and self.is_root:
             self.prefix_reachable = worker_mounts.expose_to_sandbox_user(config["python_prefix"])
         self._make_scratch(config)
+        # The execution's cgroups (the pool's memory and pids limits), joined by each child as root.
+        procs = config.get("cgroup_procs") or {}
+        self.cgroup_procs = procs.get("bwrap" if self.in_bwrap else "host", []) if self.is_root else []
         # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
         # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
         # the namespace's count) with what already runs, e.g. the trainer's threads: count them
@@ -195,6 +198,7 @@ class Worker:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
                 "landlock_abi": self.landlock.abi if self.landlock else landlock.abi_version(),
                 "landlock": self.landlock is not None, "tmpfs_per_execution": self.workdir.mounted,
+                "cgroup": bool(self.cgroup_procs),
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
@@ -249,8 +253,11 @@ class Worker:
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
+        if self.config.get("nproc_by_cgroup") and self.cgroup_procs:
+            del limits["RLIMIT_NPROC"]  # the pids cgroup bounds this execution alone
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
         plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
+                                         cgroup_procs=self.cgroup_procs,
                                          seccomp_program=self.seccomp, landlock=self.ruleset is not None,
                                          private_proc=not self.in_bwrap and self.ruleset is None)
         if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
