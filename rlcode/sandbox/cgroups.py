@@ -3,9 +3,11 @@
 RLIMIT_AS is per process (three forked children or a memfd exceed it together) and RLIMIT_NPROC
 counts every process of a uid on the host (one sample holding 62 processes starved the others).
 A cgroup bounds an execution as a whole: each worker slot gets one cgroup per controller, with
-``memory`` (swap included, so no swap) and ``pids`` limits; the child of each execution moves
-itself into it before dropping root, so the worker is outside it and every execution starts from
-an empty group (what it left in its tmpfs is freed when the worker replaces that tmpfs).
+``memory`` (swap included, so no swap) and ``pids`` limits. The worker joins them at start, so
+every child is born inside at no cost per execution; a worker runs one execution at a time and
+idles meanwhile, so the group holds one execution plus the idle worker (WORKER_MEMORY_BYTES,
+WORKER_TASKS of headroom). What an execution leaves in its tmpfs is uncharged when the worker
+replaces that tmpfs.
 
 Detection, in this order, per controller: cgroup v2 (``memory.max``, ``memory.swap.max``,
 ``pids.max``) where our v2 group offers the controller, else the v1 hierarchy of that controller.
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CONTROLLERS = ("memory", "pids")
+WORKER_MEMORY_BYTES = 64 << 20  # headroom for the idle worker's own pages (~20 MB resident)
+WORKER_TASKS = 2  # the worker process, and one spare
 MOUNT_IN_SANDBOX = "/sandbox-cgroup"  # where bwrap binds the pool's cgroup folders
 
 
@@ -43,15 +47,15 @@ class CgroupLimits:
             path = Path(pool_dir) / name
             path.mkdir(exist_ok=True)
             if controller == "memory":
-                _set_memory(path, self.version[controller], memory_bytes)
+                _set_memory(path, self.version[controller], memory_bytes + WORKER_MEMORY_BYTES)
             else:
-                (path / "pids.max").write_text(str(max_processes))
+                (path / "pids.max").write_text(str(max_processes + WORKER_TASKS))
             made[controller] = name
         return made
 
     def worker_config(self, slot: dict[str, str]) -> dict:
-        """A worker's config entry: the cgroup.procs files its children join, as seen from inside
-        bubblewrap and from the host (the worker knows which it is)."""
+        """A worker's config entry: the cgroup.procs files it joins, as seen from inside bubblewrap
+        and from the host (the worker knows which it is)."""
         if not slot:
             return {}
         return {"cgroup_procs": {"bwrap": self.procs_files(slot, True), "host": self.procs_files(slot, False)}}
@@ -64,7 +68,7 @@ class CgroupLimits:
         return args
 
     def procs_files(self, slot: dict[str, str], in_bwrap: bool) -> list[str]:
-        """The ``cgroup.procs`` files a child writes itself into, as the worker sees them."""
+        """The ``cgroup.procs`` files a worker writes itself into, as it sees them."""
         return [f"{MOUNT_IN_SANDBOX if in_bwrap else self.pool_dirs[c]}"
                 f"{'/' + c if in_bwrap else ''}/{name}/cgroup.procs" for c, name in slot.items()]
 

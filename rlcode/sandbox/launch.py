@@ -136,7 +136,10 @@ def landlock_paths(level: str, executable: str, prefix: str, site_packages: bool
     (its standard library, not its site-packages unless asked), a few /etc files and devices; plus
     /proc under bwrap, where it shows only the worker's own PID namespace."""
     read = ["/usr", *ROOT_LINKS, *ETC_FILES, executable]
-    read += [prefix] if site_packages else _stdlib_paths(prefix)
+    # Under bwrap an empty tmpfs covers site-packages (_hide_site_packages): the prefix can be one
+    # rule. Without it the rules go around site-packages, ~200 of them, which costs each child
+    # ~0.1 ms more to enter (Landlock merges the rules into the child's domain).
+    read += [prefix] if site_packages or level != "process" else _stdlib_paths(prefix)
     if level != "process":
         read.append("/proc")
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])

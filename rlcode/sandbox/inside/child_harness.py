@@ -132,10 +132,10 @@ class Confinement:
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
     def __init__(self, *, workdir: str, limits: dict, drop_uid: bool, seccomp_program,
-                 landlock: bool = False, private_proc: bool = False, cgroup_procs=()):
+                 landlock: bool = False, private_proc: bool = False, oom_first: bool = False):
         self.workdir, self.drop_uid, self.private_proc = workdir, drop_uid, private_proc
         self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
-        self.cgroup_procs = [path.encode() for path in cgroup_procs or ()]  # files to join (as root)
+        self.oom_first = oom_first  # sharing the worker's cgroup: be the OOM killer's first pick
         self.seccomp_program = seccomp_program
         self.rlimits = [(getattr(resource, name), (value, value + 1) if name == "RLIMIT_CPU" else (value, value))
                         for name, value in limits.items()]
@@ -144,10 +144,10 @@ class Confinement:
 def confine(plan: Confinement) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
-    for procs in plan.cgroup_procs:  # the execution's memory and pids limits, before any fork
-        fd = os.open(procs, os.O_WRONLY)
+    if plan.oom_first:  # raising one's own score needs no privilege (lowering it would)
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         try:
-            os.write(fd, b"0")  # "0": the writing process itself
+            os.write(fd, b"1000")
         finally:
             os.close(fd)
     if plan.private_proc:

@@ -1,6 +1,7 @@
 """An execution's writable directories (its temp dir, and /dev/shm when private), emptied between
-executions so that nothing one execution leaves is seen by the next. Standalone stdlib code (runs in
-the worker, see worker_main.py).
+executions so that nothing one execution leaves is seen by the next, and the Landlock ruleset that
+lets a child write there and nowhere else. Standalone stdlib code (runs in the worker, see
+worker_main.py).
 
 Where the worker may mount (root in its own mount namespace: bwrap, or the process level as root),
 each directory is a tmpfs of its own, capped in bytes and inodes, and a dirty one is replaced by a
@@ -20,6 +21,48 @@ MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 CLEAR_BUDGET_S = 2.0
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class WorkerScratch:
+    """A worker's scratch directories and their Landlock ruleset (rebuilt when a directory is
+    replaced: rules hold the inodes they were made for)."""
+
+    def __init__(self, tmp_root: str, *, owner, mount: bool, private_shm: bool, size_bytes: int,
+                 inodes: int, landlock_policy=None):
+        """
+        Args:
+            owner: the uid the child runs as when it differs from ours (root workers), else None.
+            mount: we may mount (root in a mount namespace of our own): tmpfs directories.
+            private_shm: /dev/shm is ours alone (bwrap, or mounted by us); else the host's, left alone.
+            landlock_policy: a ``landlock.Policy`` (None: the kernel has no Landlock).
+        """
+        self.workdir = ScratchDir(f"{tmp_root}/work", mode=0o700, owner=owner, mount=mount,
+                                  size_bytes=size_bytes, inodes=inodes)
+        self.shm = ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=mount, size_bytes=size_bytes,
+                              inodes=inodes) if private_shm else None
+        self.recycle = False  # set once a directory could not be emptied: the parent retires us
+        self.policy, self.ruleset, self._ruleset_for = landlock_policy, None, None
+        self._refresh_ruleset()
+
+    def reset(self) -> None:
+        """Empty every directory for the next execution (every process of the last one is gone)."""
+        clean = True
+        for directory in (self.workdir, self.shm):
+            try:
+                clean = (directory is None or directory.reset()) and clean
+            except OSError:
+                clean = False
+        self.recycle = self.recycle or not clean
+        self._refresh_ruleset()
+
+    def _refresh_ruleset(self) -> None:
+        writable = [d for d in (self.workdir, self.shm) if d is not None]
+        key = tuple((d.path, d.generation) for d in writable)
+        if self.policy is None or key == self._ruleset_for:
+            return
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+        self.ruleset, self._ruleset_for = self.policy.build([d.path for d in writable]), key
 
 
 class ScratchDir:

@@ -112,10 +112,18 @@ class Worker:
             self.own_network = _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0
         if config.get("python_prefix") and self.is_root:
             self.prefix_reachable = worker_mounts.expose_to_sandbox_user(config["python_prefix"])
-        self._make_scratch(config)
-        # The execution's cgroups (the pool's memory and pids limits), joined by each child as root.
-        procs = config.get("cgroup_procs") or {}
-        self.cgroup_procs = procs.get("bwrap" if self.in_bwrap else "host", []) if self.is_root else []
+        # Root under bwrap is in bwrap's mount namespace; root without it gets one of its own.
+        can_mount = self.is_root and (self.in_bwrap or worker_mounts.private_mount_namespace())
+        policy = None
+        abi = landlock.abi_version() if config.get("landlock") else 0
+        if abi:
+            paths = config["landlock"]
+            policy = landlock.Policy(abi, paths["read"], paths["devices"], paths.get("list", ()))
+        self.scratch = scratch.WorkerScratch(
+            config["tmp_root"], owner=child_harness.SANDBOX_UID if self.is_root else None,
+            mount=can_mount, private_shm=self.in_bwrap or can_mount, size_bytes=config["tmpfs_bytes"],
+            inodes=config["tmp_inodes"], landlock_policy=policy)
+        self.in_cgroup = self.is_root and self._join_cgroups(config.get("cgroup_procs") or {})
         # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
         # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
         # the namespace's count) with what already runs, e.g. the trainer's threads: count them
@@ -127,47 +135,20 @@ class Worker:
         self.shutting_down = False
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
 
-    def _make_scratch(self, config: dict) -> None:
-        """The execution's temp dir (and /dev/shm where it is private to us), emptied between
-        executions (see scratch.py); a Landlock ruleset allowing writes there and nowhere else."""
-        # Root under bwrap is in bwrap's mount namespace; root without it gets one of its own.
-        can_mount = self.is_root and (self.in_bwrap or worker_mounts.private_mount_namespace())
-        size, inodes = config["tmpfs_bytes"], config["tmp_inodes"]
-        owner = child_harness.SANDBOX_UID if self.is_root else None
-        self.workdir = scratch.ScratchDir(f"{config['tmp_root']}/work", mode=0o700, owner=owner,
-                                          mount=can_mount, size_bytes=size, inodes=inodes)
-        self.shm = None  # the process level without root shares the host's /dev/shm: left alone
-        if self.in_bwrap or can_mount:
-            self.shm = scratch.ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=can_mount,
-                                          size_bytes=size, inodes=inodes)
-        self.recycle = False  # set when a scratch dir could not be emptied
-        self.landlock = None
-        abi = landlock.abi_version() if config.get("landlock") else 0
-        if abi:
-            paths = config["landlock"]
-            self.landlock = landlock.Policy(abi, paths["read"], paths["devices"], paths.get("list", ()))
-        self.ruleset, self.ruleset_for = None, None
-        self._refresh_ruleset()
-
-    def _refresh_ruleset(self) -> None:
-        """(Re)build the Landlock ruleset when a scratch dir was replaced (rules hold inodes)."""
-        writable = [d for d in (self.workdir, self.shm) if d is not None]
-        key = tuple((d.path, d.generation) for d in writable)
-        if self.landlock is None or key == self.ruleset_for:
-            return
-        if self.ruleset is not None:
-            os.close(self.ruleset)
-        self.ruleset, self.ruleset_for = self.landlock.build([d.path for d in writable]), key
-
-    def _reset_scratch(self) -> None:
-        clean = True
-        for directory in (self.workdir, self.shm):
-            try:
-                clean = (directory is None or directory.reset()) and clean
-            except OSError:
-                clean = False
-        self.recycle = self.recycle or not clean
-        self._refresh_ruleset()
+    def _join_cgroups(self, procs: dict) -> bool:
+        """Join the slot's cgroups (memory and pids limits, see the parent's cgroups.py): every
+        child forked from now on is born in them, which costs an execution nothing, and, the
+        worker being idle while a child runs, bounds each execution. Each child raises its own OOM
+        score to the maximum, so the kernel's OOM killer takes the execution, not the worker."""
+        paths = procs.get("bwrap" if self.in_bwrap else "host") or []
+        try:
+            for path in paths:
+                with open(path, "w") as f:
+                    f.write("0")  # "0": the writing process
+        except OSError as e:
+            sys.stderr.write(f"sandbox worker: could not join its cgroup ({e}); rlimits only\n")
+            return False
+        return bool(paths)
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -196,9 +177,9 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
-                "landlock_abi": self.landlock.abi if self.landlock else landlock.abi_version(),
-                "landlock": self.landlock is not None, "tmpfs_per_execution": self.workdir.mounted,
-                "cgroup": bool(self.cgroup_procs),
+                "landlock_abi": landlock.abi_version(), "landlock": self.scratch.ruleset is not None,
+                "tmpfs_per_execution": self.scratch.workdir.mounted,
+                "cgroup": self.in_cgroup,
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
@@ -221,15 +202,15 @@ class Worker:
             except Exception as exc:  # the sandbox's own failure: report, keep serving
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
             result.update(op="result", id=message["id"])
-            if self.recycle:  # the parent retires this worker once its queued executions are done
+            if self.scratch.recycle:  # the parent retires this worker once its queued executions are done
                 result["recycle"] = True
             _write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
         try:
-            return self._run_child(request, self.workdir.path)
+            return self._run_child(request, self.scratch.workdir.path)
         finally:  # every process of the execution is gone: nothing can write there any more
-            self._reset_scratch()
+            self.scratch.reset()
             if self.seccomp is None and self.is_root:
                 self._drop_ipc_objects()
 
@@ -253,13 +234,14 @@ class Worker:
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
-        if self.config.get("nproc_by_cgroup") and self.cgroup_procs:
+        if self.config.get("nproc_by_cgroup") and self.in_cgroup:
             del limits["RLIMIT_NPROC"]  # the pids cgroup bounds this execution alone
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
+        ruleset = self.scratch.ruleset
         plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
-                                         cgroup_procs=self.cgroup_procs,
-                                         seccomp_program=self.seccomp, landlock=self.ruleset is not None,
-                                         private_proc=not self.in_bwrap and self.ruleset is None)
+                                         oom_first=self.in_cgroup,
+                                         seccomp_program=self.seccomp, landlock=ruleset is not None,
+                                         private_proc=not self.in_bwrap and ruleset is None)
         if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         started = time.monotonic()
@@ -271,8 +253,8 @@ class Worker:
                 os.dup2(err_w, 2)
                 os.dup2(val_w, child_harness.VALUES_FD)
                 last_kept = child_harness.VALUES_FD
-                if self.ruleset is not None:  # entered, then closed, in confine()
-                    last_kept = os.dup2(self.ruleset, child_harness.LANDLOCK_FD)
+                if ruleset is not None:  # entered, then closed, in confine()
+                    last_kept = os.dup2(ruleset, child_harness.LANDLOCK_FD)
                 os.closerange(last_kept + 1, 1 << 16)  # protocol pipes, ns fd, ...
                 child_harness.confine(plan)
             except BaseException as exc:
