@@ -41,9 +41,9 @@ MEMFD_HOG = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with SandboxPool(workers=2, timeout=20.0, memory_mb=256, max_processes=32) as p:
+@pytest.fixture(scope="module", params=["bwrap", "process"])
+def pool(request):
+    with SandboxPool(workers=2, timeout=20.0, memory_mb=256, max_processes=32, isolation=request.param) as p:
         if not p.isolation.layers["cgroup_limits"]:
             pytest.skip("no writable cgroup here: rlimits only (see the isolation report)")
         yield p
@@ -87,7 +87,8 @@ THREADS = textwrap.dedent("""
 def test_a_fork_hog_does_not_stop_a_concurrent_execution_from_starting_threads(pool):
     """Guards per-execution process limits: before, RLIMIT_NPROC counted every uid-65534 process,
     so a hog on one worker made a concurrent honest program fail to start a thread."""
-    with SandboxPool(workers=2, timeout=20.0, max_processes=32) as hog_pool:  # 1 GiB: room for stacks
+    with SandboxPool(workers=2, timeout=20.0, max_processes=32,  # 1 GiB: room for 16 thread stacks
+                     isolation=pool.isolation.level) as hog_pool:
         hog = hog_pool.submit(HOG)
         time.sleep(2.0)  # the hog holds its processes from here for several seconds
         honest = hog_pool.submit(THREADS).result()

@@ -32,16 +32,25 @@ Behaviours worth knowing:
     a handler is ignored (init semantics). Under bwrap, /proc shows the worker's sandbox, not the
     child's namespace (a per-child /proc costs ~3 ms; the process level mounts one, see below).
   * Subprocesses are allowed (``python -c`` inside works): they inherit every layer and die with the
-    execution. RLIMIT_NPROC (``max_processes``, default 64) counts processes *and threads* of uid
-    65534, shared by all workers of the machine.
+    execution. ``max_processes`` (default 64, processes *and threads*) and ``memory_mb`` bound an
+    execution as a whole through its worker slot's cgroup where one is writable (root; see
+    cgroups.py); elsewhere RLIMIT_NPROC (per uid, shared by all workers) and RLIMIT_AS (per process).
+  * Landlock (where the kernel has it, at every level): the child may read the system's programs
+    and libraries and the interpreter's standard library, write only its temp dir and /dev/shm, and
+    open no TCP connection. The base interpreter's site-packages stay out of reach unless
+    ``SandboxPool(site_packages=True)``. With neither bubblewrap nor Landlock the pool refuses to
+    start unless ``allow_visible_filesystem=True`` or RLCODE_SANDBOX_ALLOW_VISIBLE_FS=1.
   * stdout/stderr are capped at ``max_output_bytes`` each (the rest is counted, not stored) and
     decoded as utf-8 with errors="replace"; probe lines are capped at 8 MiB.
   * Each execution starts from the worker's pristine state: module changes, files in its temp dir
-    and /dev/shm do not carry over; ``random`` is reseeded in every child.
-  * Level ``process`` (no bubblewrap): the host filesystem is visible (with uid 65534's permissions
-    when root). As root it still gets a PID namespace per child with its own /proc and /dev/shm,
-    empty network and IPC namespaces per worker, and a python prefix hidden under a 0700 directory
-    made reachable read-only. As another user the child keeps that user's uid.
+    and /dev/shm do not carry over (root workers replace a dirty tmpfs whole; others delete with
+    fd-relative calls and are recycled if that fails); SysV IPC and POSIX message queues cannot be
+    created (seccomp); ``random`` is reseeded in every child.
+  * Level ``process`` (no bubblewrap): the host filesystem is mounted, and Landlock decides what the
+    child may open (the host's /proc not at all). As root it still gets a PID namespace per child,
+    empty network and IPC namespaces and private tmpfs scratch dirs per worker, and a python prefix
+    hidden under a 0700 directory made reachable read-only. As another user the child keeps that
+    user's uid.
 """
 
 from .isolation import IsolationReport, IsolationUnavailable, detect_isolation

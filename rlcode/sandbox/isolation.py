@@ -164,6 +164,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
     }
     notes = {
         "filesystem_hidden": "read-only /usr, /lib*, the python prefix; private /tmp" if bwrap
+        else "the host's filesystem is mounted; Landlock decides what the child may open" if worker.get("landlock")
         else "the child sees the host filesystem (with uid 65534's permissions when root)",
         "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
         else "network denied by seccomp only (host abstract UNIX sockets reachable)",

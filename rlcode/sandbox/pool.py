@@ -48,12 +48,14 @@ class SandboxPool:
             workers: candidate workers (default: one per core). A dedicated reference worker is
                 started on the first ``submit(..., reference=True)``.
             timeout: default wall-clock seconds per execution (the worker kills the whole tree).
-            memory_mb: RLIMIT_AS per process, interpreter included.
+            memory_mb: memory of an execution: all its processes together where a cgroup is
+                writable (root), and RLIMIT_AS per process everywhere.
             max_output_bytes: stdout and stderr are each capped at this many bytes (the rest is
                 counted, flagged as truncated, and dropped without being stored).
             isolation: "auto" (strongest available), "bwrap", "bwrap-userns" or "process".
             tags: tags added to every execution (per-call tags override them).
-            max_processes: RLIMIT_NPROC (processes + threads of uid 65534, across all workers).
+            max_processes: processes + threads of one execution (the pids cgroup); without a
+                writable cgroup, RLIMIT_NPROC, which counts them per uid across all workers.
             recycle_after: restart a worker after this many executions (defence in depth).
             allow_visible_filesystem: run even where no layer hides your files from the programs
                 (no bubblewrap, no Landlock); otherwise that is an IsolationUnavailable error.
