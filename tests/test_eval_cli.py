@@ -146,8 +146,11 @@ def test_bad_k_and_missing_dataset(tmp_path, dataset):
 
 
 def test_doctor_prints_the_isolation_report():
+    """Guards --doctor: it names every layer, the per-execution ones (issue 10) included."""
     proc = _run("--doctor")
     assert proc.returncode == 0 and proc.stdout.startswith("sandbox isolation:")
+    for layer in ("landlock", "cgroup_limits", "tmpfs_per_execution", "ipc_objects_denied", "seccomp"):
+        assert f"] {layer}" in proc.stdout, proc.stdout
 
 
 def test_help_states_the_timeout_policy():

@@ -79,9 +79,13 @@ class SandboxPool:
         names = [f"sandbox-{i}" for i in range(count)] + ["sandbox-reference"]
         self._cgroups = cgroups.setup()
         slot_cgroups = {name: self._cgroups.slot(name, memory_mb << 20, max_processes) for name in names}
-        probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread,
-                                site_packages=site_packages, cgroups=self._cgroups,
-                                worker_config=self._cgroups.worker_config(slot_cgroups[names[0]]))
+        try:
+            probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread,
+                                    site_packages=site_packages, cgroups=self._cgroups,
+                                    worker_config=self._cgroups.worker_config(slot_cgroups[names[0]]))
+        except BaseException:
+            self._cgroups.remove()
+            raise
         try:
             refuse_visible_filesystem(probe.report, allow_visible_filesystem)
         except IsolationUnavailable:

@@ -32,7 +32,7 @@ for _name in PREIMPORTS:
     except Exception:  # a build without sqlite3 or lzma still works
         pass
 
-# -I leaves the script's directory off sys.path; our two sibling modules live there.
+# -I leaves the script's directory off sys.path; our sibling modules live there.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
 import landlock  # noqa: E402
