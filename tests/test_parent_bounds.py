@@ -90,6 +90,9 @@ def test_a_deadline_is_never_declared_passed_before_reading():
 TESTS = ["assert f(3) == 6", "assert f(0) == 0"]
 HONEST = "def f(x):\n    return 2 * x\n"
 WRONG = "def f(x):\n    return x\n"
+# Still running when an attacker's value is decoded, and its answer (60 kB of output) takes the
+# parent more than one read: the case a stalled parent used to kill as "did not answer in time".
+BUSY_HONEST = "import time\ntime.sleep(0.5)\nprint('x' * 60000)\n" + HONEST
 
 
 def _forging(value_json: str) -> str:
@@ -109,15 +112,16 @@ def test_attackers_alongside_honest_samples_change_no_verdict():
     wrong samples in flight at the same time get exactly the verdicts they get alone (before the
     bounds, a stalled completion thread flipped them to internal_error)."""
     with SandboxPool(workers=2, timeout=2.0) as pool:
-        alone = [check_program(pool, code, TESTS).result(timeout=60) for code in (HONEST, WRONG)]
+        alone = [check_program(pool, code, TESTS).result(timeout=60) for code in (HONEST, WRONG, BUSY_HONEST)]
         futures = []
         for name, attack in ATTACKERS.items():
             futures.append((name, check_program(pool, attack, TESTS)))
-            futures += [("honest", check_program(pool, HONEST, TESTS)),
+            futures += [("busy", check_program(pool, BUSY_HONEST, TESTS)),
+                        ("honest", check_program(pool, HONEST, TESTS)),
                         ("wrong", check_program(pool, WRONG, TESTS))]
-        verdicts = [(name, future.result(timeout=120)) for name, future in futures]
-    expected = {"honest": alone[0], "wrong": alone[1]}
-    assert alone[0].all_passed and not alone[1].all_passed
+        verdicts = [(name, future.result(timeout=600)) for name, future in futures]
+    expected = {"honest": alone[0], "wrong": alone[1], "busy": alone[2]}
+    assert alone[0].all_passed and not alone[1].all_passed and alone[2].all_passed
     for name, verdict in verdicts:
         if name in expected:
             assert (verdict.passed, verdict.reason) == (expected[name].passed, expected[name].reason), name
