@@ -90,9 +90,10 @@ def test_a_deadline_is_never_declared_passed_before_reading():
 TESTS = ["assert f(3) == 6", "assert f(0) == 0"]
 HONEST = "def f(x):\n    return 2 * x\n"
 WRONG = "def f(x):\n    return x\n"
-# Still running when an attacker's value is decoded, and its answer (60 kB of output) takes the
-# parent more than one read: the case a stalled parent used to kill as "did not answer in time".
-BUSY_HONEST = "import time\ntime.sleep(0.5)\nprint('x' * 60000)\n" + HONEST
+# Still running when an attacker's value is decoded, and its answer (64 KiB of output, more than
+# a pipe holds) takes the parent more than one read: the case a stalled parent used to kill as
+# "did not answer in time".
+BUSY_HONEST = "import time\ntime.sleep(0.5)\nprint('x' * 70000)\n" + HONEST
 
 
 def _forging(value_json: str) -> str:
