@@ -10,7 +10,7 @@ asserts (plus test_setup_code). Every harness uses 2 workers:
   python -c       one `python -c <code + asserts>` subprocess per check
 
 Run: .venv/bin/python benchmarks/sandbox_throughput.py [--limit N] [--workers 2]
-Data: $MBPP_DATASET_PATH or /work/shared/data/mbpp/mbpp.jsonl (read with a small local reader).
+Data: $MBPP_DATASET_PATH or the shared copy beside the repository (read with a small local reader).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlcode.sandbox import SandboxPool, Status  # noqa: E402
 
-DEFAULT_DATA = "/work/shared/data/mbpp/mbpp.jsonl"
+DEFAULT_DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 SKIPPED_TASKS = {123}  # its reference solution is too slow for a throughput benchmark
 TIMEOUT_S = 10.0
 

@@ -146,8 +146,11 @@ def test_bad_k_and_missing_dataset(tmp_path, dataset):
 
 
 def test_doctor_prints_the_isolation_report():
+    """Guards --doctor: it names every layer, the per-execution ones (issue 10) included."""
     proc = _run("--doctor")
     assert proc.returncode == 0 and proc.stdout.startswith("sandbox isolation:")
+    for layer in ("landlock", "cgroup_limits", "tmpfs_per_execution", "ipc_objects_denied", "seccomp"):
+        assert f"] {layer}" in proc.stdout, proc.stdout
 
 
 def test_help_states_the_timeout_policy():
@@ -161,3 +164,35 @@ def test_cli_imports_no_heavy_packages():
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_lone_surrogates_round_trip_and_results_are_written_atomically(tmp_path, dataset):
+    """Guards the results file: a completion holding a lone surrogate (the valid JSON escape
+    \\udcff) used to crash rlcode-eval after writing part of the file; now every input string reads
+    back equal, and no temporary file is left beside the results."""
+    rows = [{"task_id": 11, "completion": f"Here \udcff:\n{FENCE}python\ndef add(a, b):\n    return a + b\n{FENCE}",
+             "note": "x\ud800y"},
+            {"task_id": 12, "completion": "def double(x):\n    return 2 * x"}]
+    samples = tmp_path / "s.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))  # ASCII escapes, as JSON allows
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line) for line in (tmp_path / "s_results.jsonl").read_text().splitlines()]
+    assert [{k: r[k] for k in rows[i]} for i, r in enumerate(results)] == rows
+    assert [r["passed"] for r in results] == [True, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mbpp.jsonl", "s.jsonl", "s_results.jsonl"]
+
+
+def test_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Guards the atomic write itself: a failure while writing keeps the previous file intact."""
+    from rlcode.eval import cli
+
+    target = tmp_path / "r.jsonl"
+    target.write_text("previous\n")
+
+    def failing_lines():
+        yield "partial\n"
+        raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError):
+        cli._write_atomically(target, failing_lines())
+    assert target.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]

@@ -208,3 +208,21 @@ def test_light_imports_do_not_pull_in_torch():
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+def test_a_cache_folder_without_its_completion_marker_is_rebuilt(tmp_path):
+    """Guards the completion marker: a folder that exists but lacks its files (seen on a shared
+    machine) used to be accepted as built, and every later load failed."""
+    target = tmp_path / "models" / "tiny"
+    target.mkdir(parents=True)
+    (target / "stray.txt").write_text("not a model")
+    calls = []
+
+    def build(folder):
+        calls.append(folder)
+        (folder / "model.bin").write_text("weights")
+    assert build_folder_once(target, build) == target
+    assert calls and sorted(p.name for p in target.iterdir()) == [".rlcode-complete", "model.bin"]
+    build_folder_once(target, build)  # complete now: not built again
+    assert len(calls) == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == [".tiny.lock", "tiny"]

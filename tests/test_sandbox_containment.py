@@ -134,7 +134,11 @@ def test_secrets_absent_from_environment(pool):
     result = _run(pool, """
         import os
         print(sorted(os.environ))
-        for pid in os.listdir("/proc"):
+        try:
+            pids = os.listdir("/proc")
+        except OSError:  # Landlock at the process level: the host's /proc is not readable at all
+            pids = []
+        for pid in pids:
             try:
                 print(open(f"/proc/{pid}/environ", "rb").read())
             except OSError:

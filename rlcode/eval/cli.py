@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -101,15 +104,37 @@ def _evaluate(args) -> int:
     started = time.monotonic()
     verdicts = _run(samples, tasks, args)
     results_path = samples_path.with_name(samples_path.stem + "_results.jsonl")
-    with open(results_path, "w", encoding="utf-8") as out:
-        for (_, sample), verdict in zip(samples, verdicts):
-            row = dict(sample["raw"], passed=verdict.all_passed, result=verdict.reason)
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows = (dict(sample["raw"], passed=verdict.all_passed, result=verdict.reason)
+            for (_, sample), verdict in zip(samples, verdicts))
+    _write_atomically(results_path, (_json_line(row) for row in rows))
     summary = _summary(samples, verdicts, ks)
     print(f"wrote {results_path} ({len(samples)} samples in {time.monotonic() - started:.1f}s)",
           file=sys.stderr)
     print(json.dumps(summary))
     return 0
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _json_line(row: dict) -> str:
+    """One JSON line, UTF-8 safe: a lone surrogate (the valid JSON escape ``\\udcff``) cannot be
+    encoded as UTF-8, so it is written back as the same escape, and the line reads back equal."""
+    text = json.dumps(row, ensure_ascii=False)
+    return _LONE_SURROGATE.sub(lambda m: "\\u%04x" % ord(m.group()), text) + "\n"
+
+
+def _write_atomically(path: Path, lines) -> None:
+    """Write a temporary file beside ``path`` and rename it into place: a failure half-way (or a
+    kill) leaves the previous results file, never a partial one."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.writelines(lines)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def _parse_ks(text: str) -> list[int]:

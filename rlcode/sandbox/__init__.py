@@ -5,9 +5,16 @@
         result = pool.submit(Program("def f(x): return x + 1", probes=("f(1)",))).result()
         result.status, result.probe_lines             # Status.OK, ['{"i":0,"v":2}']
 
+Trust boundary, in the layout: ``inside/`` holds the only code that runs inside the sandbox (the
+worker's main loop, the child harness, process-tree killing, outcome reporting, the plain-data
+encoder); it must assume candidate code beside it. Every other module here is the trusted parent
+side and never runs candidate code, but reads what the sandbox sends (result lines, probe values) as
+hostile input: pool and worker slots, launch and isolation detection, the seccomp policy,
+plain-data decoding, the parent-side assert evaluator and verdicts.
+
 Process model (see DESIGN.md): the trainer's pool hands executions (futures, tags) to long-lived
-workers; each worker runs the base interpreter with ``-I -S`` from a private copy of three stdlib-only
-files (worker_main.py, child_harness.py, plain_data.py), inside bubblewrap, with MBPP's usual stdlib
+workers; each worker runs the base interpreter with ``-I -S`` from a private copy of the stdlib-only
+files in ``inside/``, inside bubblewrap, with MBPP's usual stdlib
 modules pre-imported, and forks one child per execution. The child becomes init of a fresh PID
 namespace, drops to uid 65534, applies rlimits and a seccomp filter, runs the program in a private
 temp dir with a scrubbed environment and empty stdin. The worker holds the clock, drains and caps the
@@ -25,16 +32,25 @@ Behaviours worth knowing:
     a handler is ignored (init semantics). Under bwrap, /proc shows the worker's sandbox, not the
     child's namespace (a per-child /proc costs ~3 ms; the process level mounts one, see below).
   * Subprocesses are allowed (``python -c`` inside works): they inherit every layer and die with the
-    execution. RLIMIT_NPROC (``max_processes``, default 64) counts processes *and threads* of uid
-    65534, shared by all workers of the machine.
+    execution. ``max_processes`` (default 64, processes *and threads*) and ``memory_mb`` bound an
+    execution as a whole through its worker slot's cgroup where one is writable (root; see
+    cgroups.py); elsewhere RLIMIT_NPROC (per uid, shared by all workers) and RLIMIT_AS (per process).
+  * Landlock (where the kernel has it, at every level): the child may read the system's programs
+    and libraries and the interpreter's standard library, write only its temp dir and /dev/shm, and
+    open no TCP connection. The base interpreter's site-packages stay out of reach unless
+    ``SandboxPool(site_packages=True)``. With neither bubblewrap nor Landlock the pool refuses to
+    start unless ``allow_visible_filesystem=True`` or RLCODE_SANDBOX_ALLOW_VISIBLE_FS=1.
   * stdout/stderr are capped at ``max_output_bytes`` each (the rest is counted, not stored) and
     decoded as utf-8 with errors="replace"; probe lines are capped at 8 MiB.
   * Each execution starts from the worker's pristine state: module changes, files in its temp dir
-    and /dev/shm do not carry over; ``random`` is reseeded in every child.
-  * Level ``process`` (no bubblewrap): the host filesystem is visible (with uid 65534's permissions
-    when root). As root it still gets a PID namespace per child with its own /proc and /dev/shm,
-    empty network and IPC namespaces per worker, and a python prefix hidden under a 0700 directory
-    made reachable read-only. As another user the child keeps that user's uid.
+    and /dev/shm do not carry over (root workers replace a dirty tmpfs whole; others delete with
+    fd-relative calls and are recycled if that fails); SysV IPC and POSIX message queues cannot be
+    created (seccomp); ``random`` is reseeded in every child.
+  * Level ``process`` (no bubblewrap): the host filesystem is mounted, and Landlock decides what the
+    child may open (the host's /proc not at all). As root it still gets a PID namespace per child,
+    empty network and IPC namespaces and private tmpfs scratch dirs per worker, and a python prefix
+    hidden under a 0700 directory made reachable read-only. As another user the child keeps that
+    user's uid.
 """
 
 from .isolation import IsolationReport, IsolationUnavailable, detect_isolation

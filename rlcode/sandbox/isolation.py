@@ -7,7 +7,12 @@ Levels, strongest first:
                 only inside the user namespace (to the host the child is still you) and the worker
                 has no capabilities, so descendants are killed through the subreaper, not a PID namespace.
   process       no bubblewrap (clusters): fork + rlimits + seccomp (the network is denied by seccomp
-                only) + uid 65534 when root; the filesystem is NOT hidden.
+                only) + uid 65534 when root; the filesystem is not hidden, only walled off by
+                Landlock where the kernel has it (Linux >= 5.13).
+
+Landlock is a layer at every level where the kernel has it. With no layer hiding the filesystem
+(no bubblewrap and no Landlock) the pool refuses to run untrusted code unless the user opts in
+(``SandboxPool(allow_visible_filesystem=True)`` or ALLOW_VISIBLE_FS_ENV=1).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
+from . import cgroups
 from .launch import Limits, build_launch, stage_worker_files
 from .seccomp_policy import SeccompUnavailable, build_filter_bpf
 from .worker_process import WorkerFailure, WorkerProcess
 
 LEVELS = ("bwrap", "bwrap-userns", "process")
+ALLOW_VISIBLE_FS_ENV = "RLCODE_SANDBOX_ALLOW_VISIBLE_FS"
 REQUESTS = ("auto", *LEVELS)
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,11 @@ class IsolationReport:
     @property
     def weaker_than_bwrap(self) -> bool:
         return self.level != "bwrap"
+
+    @property
+    def filesystem_hidden(self) -> bool:
+        """Some layer keeps the user's files from candidate code (bubblewrap, or Landlock)."""
+        return bool(self.layers.get("filesystem_hidden") or self.layers.get("landlock"))
 
     def describe(self) -> str:
         lines = [f"sandbox isolation: {self.level}" + ("" if not self.weaker_than_bwrap
@@ -66,14 +78,31 @@ class Probe:
 def detect_isolation(isolation: str = "auto") -> IsolationReport:
     """Start one worker at the requested level (``auto``: the strongest that works) and report
     the layers it actually turned on. Raises IsolationUnavailable for an impossible request."""
-    probe = probe_isolation(isolation, Limits())
+    limits, groups = Limits(), cgroups.setup()
+    try:
+        slot = groups.slot("probe", limits.memory_mb << 20, limits.max_processes)
+        probe = probe_isolation(isolation, limits, cgroups=groups, worker_config=groups.worker_config(slot))
+    finally:
+        groups.remove()
     shutil.rmtree(probe.staging, ignore_errors=True)
     return probe.report
 
 
-def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -> Probe:
+def refuse_visible_filesystem(report: IsolationReport, allowed: bool) -> None:
+    """Raise unless some layer hides the user's files or the user opted in (config or env)."""
+    if report.filesystem_hidden or allowed or os.environ.get(ALLOW_VISIBLE_FS_ENV) == "1":
+        return
+    raise IsolationUnavailable(
+        f"sandbox isolation {report.level!r} would let model-written code read and write your files "
+        "(no bubblewrap, no Landlock); fix: apt-get install bubblewrap (or run on Linux >= 5.13 with "
+        f"Landlock), or opt in with SandboxPool(allow_visible_filesystem=True) / {ALLOW_VISIBLE_FS_ENV}=1")
+
+
+def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
+                    site_packages: bool = False, cgroups=None, worker_config: dict | None = None) -> Probe:
     """Detect the level by starting a worker; ``keep_worker`` hands that (fresh, unused) worker
-    over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s)."""
+    over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s).
+    ``cgroups`` (cgroups.CgroupLimits) and ``worker_config``: the pool's, for that first worker."""
     if isolation not in REQUESTS:
         raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
     try:
@@ -95,9 +124,10 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -
         if level != "process" and not bwrap:
             failures.append("bwrap not found")
             continue
-        launch = build_launch(level, staging, limits, bwrap=bwrap)
+        launch = build_launch(level, staging, limits, bwrap=bwrap, site_packages=site_packages,
+                              cgroups=cgroups)
         try:
-            worker = WorkerProcess(launch, startup_timeout=30.0)
+            worker = WorkerProcess(launch, startup_timeout=30.0, config=worker_config)
         except WorkerFailure as e:
             failures.append(f"{level}: {' '.join(str(e).split())[-300:]}")  # one line
             continue
@@ -115,8 +145,13 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False) -
 def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) -> IsolationReport:
     bwrap = level != "process"
     real_uid_drop = bool(worker.get("uid_drop"))
+    abi = int(worker.get("landlock_abi") or 0)
     layers = {
         "filesystem_hidden": bwrap,
+        "landlock": bool(worker.get("landlock")),
+        "tmpfs_per_execution": bool(worker.get("tmpfs_per_execution")),
+        "ipc_objects_denied": bool(worker.get("seccomp")),
+        "cgroup_limits": bool(worker.get("cgroup")),
         "network_namespace": bwrap or bool(worker.get("network_namespace")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
@@ -129,17 +164,35 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
     }
     notes = {
         "filesystem_hidden": "read-only /usr, /lib*, the python prefix; private /tmp" if bwrap
+        else "the host's filesystem is mounted; Landlock decides what the child may open" if worker.get("landlock")
         else "the child sees the host filesystem (with uid 65534's permissions when root)",
         "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
         else "network denied by seccomp only (host abstract UNIX sockets reachable)",
+        "landlock": (f"ABI {abi}: read-only interpreter and system paths, read-write only the "
+                     "execution's temp dir" + (" and /dev/shm" if bwrap or worker.get("tmpfs_per_execution")
+                                              else "") + ("; no TCP bind/connect" if abi >= 4 else "")
+                     + ("; no abstract UNIX sockets or signals outside the execution" if abi >= 6 else ""))
+        if worker.get("landlock") else ("the kernel has no Landlock (Linux >= 5.13 with it enabled)"
+                                        if not abi else "not applied"),
+        "tmpfs_per_execution": "a fresh tmpfs for the temp dir and /dev/shm whenever an execution left "
+        "anything" if worker.get("tmpfs_per_execution") else
+        "the temp dir is emptied with fd-relative deletes; a worker that cannot empty it is recycled",
+        "ipc_objects_denied": "SysV IPC and POSIX message queues denied by seccomp (nothing outlives an "
+        "execution)" if worker.get("seccomp") else "no seccomp: as root the worker moves to a fresh IPC "
+        "namespace when an execution leaves objects" if real_uid_drop else "IPC objects may outlive executions",
+        "cgroup_limits": "memory (no swap) and pids limits for all processes of an execution together"
+        if worker.get("cgroup") else "no writable cgroup here (needs root): per-process RLIMIT_AS and "
+        "per-uid RLIMIT_NPROC only",
         "seccomp": seccomp_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
-        "uid_65534": "real uid 65534 (RLIMIT_NPROC binds)" if real_uid_drop
+        "uid_65534": "real uid 65534" if real_uid_drop
         else ("uid 65534 inside the user namespace only" + (" (as root it maps to host root: RLIMIT_NPROC "
               "does not bind; use level bwrap)" if os.geteuid() == 0 else "") if level == "bwrap-userns"
               else "not root: the child keeps your uid; RLIMIT_NPROC counts all your processes"),
-        "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, NPROC, CORE=0",
+        "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, CORE=0" + (
+            " (processes: the pids cgroup, not the per-uid RLIMIT_NPROC)" if worker.get("cgroup")
+            else ", NPROC (counts every process of the uid on the machine)"),
         "python_prefix_readable": "" if worker.get("prefix_reachable", True) else
         "uid 65534 cannot enter the python prefix: only modules the worker pre-imported will import",
     }

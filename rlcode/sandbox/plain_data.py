@@ -1,25 +1,13 @@
-"""Plain data: the only form in which values leave the sandbox.
+"""Decoding plain data in the trusted parent: the values a sandbox child sent, rebuilt as fresh builtins.
 
-A candidate program's return values are untrusted objects: an instance whose ``__eq__`` always
-holds, a subclass of ``int`` or ``list``, ``mock.ANY``. So the sandbox never hands objects back. It
-encodes a value into JSON-able plain data, accepting only *exact* builtin types (``type(x) is int``,
-never ``isinstance``) and reading containers through the builtin types' own methods, then the
-trusted parent decodes it into fresh builtin objects and compares them itself.
-
-This module is imported by the sandbox worker (stdlib only, no rlcode imports) and by the parent.
-Every type and function the encoder needs is bound at import time, before any candidate code runs,
-so a program that rebinds ``builtins.type`` or ``collections.OrderedDict`` cannot change what the
-encoder accepts.
-
-Encoding (JSON):
-    None, bool, int, float (nan/inf allowed), str  ->  themselves
-    {"t": "list" | "tuple" | "set" | "frozenset", "v": [items]}
-    {"t": "dict", "v": [[key, value], ...]}          (also OrderedDict, defaultdict, Counter)
-    {"t": "bytes" | "bytearray", "v": "<hex>"}
-    {"t": "complex", "v": [real, imag]}
-    {"t": "decimal" | "fraction", "v": "<str>"}
-    {"t": "opaque", "v": "<type name>"}             anything else: equal to nothing
-    {"t": "raised", "v": "<ExcType: message>"}      the expression raised (never equal to anything)
+The encoding and its rules live with the encoder, which runs inside the sandbox
+(``rlcode.sandbox.inside.plain_encode``); ``encode``/``dumps`` are re-exported here for the parent's
+tests and tools. Everything this module reads was written by candidate code, and it is decoded on
+the pool's one completion thread: a slow decode would stall every verdict in flight. So decoding is
+bounded in work, whatever the line holds: nesting depth, item count, digits of ints, decimals and
+fractions, the exponent of a decimal (``int()`` of ``Decimal("1e1000000")`` computes a million
+digits), and hash collisions in sets and dicts (ints chosen to share one hash make building a set
+quadratic). A value beyond a limit decodes to an ``Opaque`` that fails its test, naming the limit.
 """
 
 from __future__ import annotations
@@ -28,96 +16,21 @@ import collections as _collections
 import decimal as _decimal
 import fractions as _fractions
 import json as _json
-import json.encoder as _json_encoder
+import re as _re
 
-# Bound once, before candidate code can rebind anything.
-_type = type
-_len = len
-_str = str
-_repr = repr
-_int_to_str = int.__repr__
-_float_repr = float.__repr__
-_list_iter = list.__iter__
-_tuple_iter = tuple.__iter__
-_set_iter = set.__iter__
-_frozenset_iter = frozenset.__iter__
-_dict_items = dict.items
-_bytes_hex = bytes.hex
-_bytearray_hex = bytearray.hex
-_complex_real = complex.real.__get__
-_complex_imag = complex.imag.__get__
-_decimal_str = _decimal.Decimal.__str__
-_fraction_str = _fractions.Fraction.__str__
-# The C encoder itself, not json.dumps: dumps() runs Python code that looks up builtins such as
-# isinstance at call time, which a candidate program may have rebound.
-_c_encode = _json_encoder.c_make_encoder(None, None, _json_encoder.encode_basestring_ascii, None,
-                                         ":", ",", False, False, True)
-_join = "".join
-_type_name = type.__dict__["__qualname__"].__get__
+from .inside.plain_encode import dumps, encode
 
-_DICT_TYPES = (dict, _collections.OrderedDict, _collections.defaultdict, _collections.Counter)
-_SEQUENCES = {list: ("list", _list_iter), tuple: ("tuple", _tuple_iter),
-              set: ("set", _set_iter), frozenset: ("frozenset", _frozenset_iter)}
+__all__ = ["DecodeError", "LimitExceeded", "Opaque", "check_hash_spread", "decode", "dumps", "encode",
+           "loads"]
 
-MAX_ITEMS = 1_000_000  # total items across one value; beyond it the value is "opaque"
-MAX_INT_DIGITS = 4000  # below CPython's int/str conversion limit
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def encode(value: object) -> object:
-    """Return ``value`` as JSON-able plain data (see the module docstring)."""
-    budget = [MAX_ITEMS]
-    try:
-        return _encode(value, budget, 0)
-    except _TooLarge:
-        return {"t": "opaque", "v": "value too large"}
-    except RecursionError:
-        return {"t": "opaque", "v": "value nested too deeply"}
-
-
-def _encode(value, budget, depth):
-    budget[0] -= 1
-    if budget[0] < 0 or depth > 200:
-        raise _TooLarge
-    kind = _type(value)
-    if value is None or kind is bool or kind is _str:
-        return value
-    if kind is int:
-        text = _int_to_str(value) if _len_digits_ok(value) else None
-        if text is None:
-            raise _TooLarge
-        return {"t": "int", "v": text} if _len(text) > 15 else value
-    if kind is float:
-        return value
-    if kind in _SEQUENCES:
-        name, iterate = _SEQUENCES[kind]
-        return {"t": name, "v": [_encode(item, budget, depth + 1) for item in iterate(value)]}
-    if kind in _DICT_TYPES:
-        pairs = [[_encode(k, budget, depth + 1), _encode(v, budget, depth + 1)] for k, v in _dict_items(value)]
-        return {"t": "dict", "v": pairs}
-    if kind is bytes:
-        return {"t": "bytes", "v": _bytes_hex(value)}
-    if kind is bytearray:
-        return {"t": "bytearray", "v": _bytearray_hex(value)}
-    if kind is complex:
-        return {"t": "complex", "v": [_complex_real(value), _complex_imag(value)]}
-    if kind is _decimal.Decimal:
-        return {"t": "decimal", "v": _decimal_str(value)}
-    if kind is _fractions.Fraction:
-        return {"t": "fraction", "v": _fraction_str(value)}
-    return {"t": "opaque", "v": _type_name(kind)}
-
-
-def _len_digits_ok(value: int) -> bool:
-    return value.bit_length() < MAX_INT_DIGITS * 3  # ~ 3.3 bits per decimal digit
-
-
-def dumps(value: object) -> str:
-    """Encode and serialise to one line of JSON."""
-    return _join(_c_encode(encode(value), 0))
+# What the parent decodes, at most (README: the sandbox's limits table). Each bounds the work one
+# candidate line can cost the parent to a few milliseconds per MiB.
+MAX_DEPTH = 100  # nesting of containers
+MAX_ITEMS = 1_000_000  # items across one value (an 8 MiB line holds ~4M single-digit ints)
+MAX_DIGITS = 4000  # digits of an int, a decimal's coefficient, a fraction's terms
+MAX_DECIMAL_EXPONENT = 4000  # |adjusted exponent| of a decimal: int() of it stays <= ~4000 digits
+MAX_HASH_REPEATS = 64  # items of one set or dict sharing one hash value
+_FRACTION = _re.compile(r"-?[0-9]{1,%d}(/[0-9]{1,%d})?" % (MAX_DIGITS, MAX_DIGITS))
 
 
 class Opaque:
@@ -141,68 +54,141 @@ class DecodeError(ValueError):
     pass
 
 
+class LimitExceeded(DecodeError):
+    """Well-formed plain data beyond what the parent will decode (see the limits above)."""
+
+
+def check_hash_spread(items, what: str = "set") -> None:
+    """Refuse a collection whose items pile up on one hash value (hash flooding: ints that are
+    multiples of 2**61 - 1 all hash alike, and building a set of n of them costs n**2 compares).
+    Strings are safe (randomised hashes) but are counted too: the check is O(n) either way."""
+    counts = _collections.Counter(map(hash, items))
+    if counts and max(counts.values()) > MAX_HASH_REPEATS:
+        raise LimitExceeded(f"{what} items collide on one hash more than {MAX_HASH_REPEATS} times")
+
+
 _SCALARS = (bool, int, float, str)  # JSON scalars that decode to themselves
 
 
 def decode(data: object) -> object:
-    """Rebuild fresh builtin objects from plain data. Raises DecodeError on anything malformed."""
-    if data is None or type(data) in _SCALARS:
-        return data
-    if type(data) is not dict or set(data) != {"t", "v"}:
-        raise DecodeError(f"not plain data: {data!r:.80}")
-    tag, v = data["t"], data["v"]
-    if tag in ("list", "tuple", "set", "frozenset"):
-        _expect(v, list)
-        # scalars inline: most items are, and a call per item is most of the decoding time
-        items = [x if x is None or type(x) in _SCALARS else decode(x) for x in v]
-        if tag == "list":
-            return items
-        if tag == "tuple":
-            return tuple(items)
-        try:
-            return set(items) if tag == "set" else frozenset(items)
-        except TypeError as e:
-            raise DecodeError(f"unhashable set item: {e}") from None
-    if tag == "dict":
-        _expect(v, list)
-        out = {}
-        for pair in v:
-            _expect(pair, list)
-            if len(pair) != 2:
-                raise DecodeError("dict item is not a pair")
+    """Rebuild fresh builtin objects from plain data. Raises DecodeError on anything malformed,
+    LimitExceeded (a DecodeError) on a value beyond the parent's limits."""
+    return _Decoder().decode(data, 0)
+
+
+class _Decoder:
+    def __init__(self):
+        self.items = 0
+
+    def decode(self, data: object, depth: int) -> object:
+        if data is None or type(data) in _SCALARS:
+            if type(data) is int:
+                _check_int(data)
+            return data
+        if depth > MAX_DEPTH:
+            raise LimitExceeded(f"value nested deeper than {MAX_DEPTH}")
+        if type(data) is not dict or set(data) != {"t", "v"}:
+            raise DecodeError(f"not plain data: {data!r:.80}")
+        tag, v = data["t"], data["v"]
+        if tag in ("list", "tuple", "set", "frozenset"):
+            _expect(v, list)
+            self._count(len(v))
+            items = [self._item(x, depth) for x in v]
+            if tag == "list":
+                return items
+            if tag == "tuple":
+                return tuple(items)
+            return self._hashed(set if tag == "set" else frozenset, items, tag)
+        if tag == "dict":
+            _expect(v, list)
+            self._count(2 * len(v))
+            pairs = []
+            for pair in v:
+                _expect(pair, list)
+                if len(pair) != 2:
+                    raise DecodeError("dict item is not a pair")
+                pairs.append((self._item(pair[0], depth), self._item(pair[1], depth)))
             try:
-                out[decode(pair[0])] = decode(pair[1])
+                check_hash_spread([key for key, _ in pairs], "dict")
             except TypeError as e:
                 raise DecodeError(f"unhashable dict key: {e}") from None
-        return out
-    if tag == "int":
-        _expect(v, str)
+            return dict(pairs)
+        if tag == "int":
+            _expect(v, str)
+            if len(v.lstrip("-")) > MAX_DIGITS:
+                raise LimitExceeded(f"int with more than {MAX_DIGITS} digits")
+            try:
+                return int(v)
+            except ValueError:
+                raise DecodeError("bad int") from None
+        if tag in ("bytes", "bytearray"):
+            _expect(v, str)
+            try:
+                raw = bytes.fromhex(v)
+            except ValueError:
+                raise DecodeError("bad hex") from None
+            return raw if tag == "bytes" else bytearray(raw)
+        if tag == "complex":
+            _expect(v, list)
+            if len(v) != 2 or not all(type(x) in (int, float) for x in v):
+                raise DecodeError("bad complex")
+            for part in v:
+                if type(part) is int:
+                    _check_int(part)
+            return complex(v[0], v[1])
+        if tag == "decimal":
+            _expect(v, str)
+            return _decimal_of(v)
+        if tag == "fraction":
+            _expect(v, str)
+            if not _FRACTION.fullmatch(v):  # never exponent notation: Fraction("1e9999999") is 10**9999999
+                raise LimitExceeded(f"fraction not of the form n/d with at most {MAX_DIGITS} digits each")
+            try:
+                return _fractions.Fraction(v)
+            except (ValueError, ArithmeticError):
+                raise DecodeError("bad fraction") from None
+        if tag in ("opaque", "raised"):
+            _expect(v, str)
+            return Opaque(v, raised=tag == "raised")
+        raise DecodeError(f"unknown tag {tag!r:.40}")
+
+    def _item(self, x, depth):
+        if x is None or type(x) in _SCALARS:  # scalars inline: most items are
+            if type(x) is int and not -(1 << 64) < x < (1 << 64):
+                _check_int(x)
+            return x
+        return self.decode(x, depth + 1)
+
+    def _count(self, n: int) -> None:
+        self.items += n
+        if self.items > MAX_ITEMS:
+            raise LimitExceeded(f"value with more than {MAX_ITEMS} items")
+
+    @staticmethod
+    def _hashed(kind, items, tag):
         try:
-            return int(v)
-        except ValueError:
-            raise DecodeError("bad int") from None
-    if tag in ("bytes", "bytearray"):
-        _expect(v, str)
-        try:
-            raw = bytes.fromhex(v)
-        except ValueError:
-            raise DecodeError("bad hex") from None
-        return raw if tag == "bytes" else bytearray(raw)
-    if tag == "complex":
-        _expect(v, list)
-        if len(v) != 2 or not all(type(x) in (int, float) for x in v):
-            raise DecodeError("bad complex")
-        return complex(v[0], v[1])
-    if tag in ("decimal", "fraction"):
-        _expect(v, str)
-        try:
-            return _decimal.Decimal(v) if tag == "decimal" else _fractions.Fraction(v)
-        except (ValueError, ArithmeticError):
-            raise DecodeError(f"bad {tag}") from None
-    if tag in ("opaque", "raised"):
-        _expect(v, str)
-        return Opaque(v, raised=tag == "raised")
-    raise DecodeError(f"unknown tag {tag!r:.40}")
+            check_hash_spread(items, tag)
+            return kind(items)
+        except TypeError as e:
+            raise DecodeError(f"unhashable {tag} item: {e}") from None
+
+
+def _check_int(value: int) -> None:
+    if value.bit_length() > MAX_DIGITS * 3.33:
+        raise LimitExceeded(f"int with more than {MAX_DIGITS} digits")
+
+
+def _decimal_of(text: str):
+    try:
+        value = _decimal.Decimal(text)
+    except (ValueError, ArithmeticError):
+        raise DecodeError("bad decimal") from None
+    if value.is_finite():
+        if len(value.as_tuple().digits) > MAX_DIGITS:
+            raise LimitExceeded(f"decimal with more than {MAX_DIGITS} digits")
+        if abs(value.adjusted()) > MAX_DECIMAL_EXPONENT:
+            raise LimitExceeded(f"decimal with an exponent beyond +-{MAX_DECIMAL_EXPONENT}")
+    return value
 
 
 def loads(line: str | bytes) -> object:

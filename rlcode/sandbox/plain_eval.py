@@ -6,17 +6,27 @@ come from sandbox children as plain data (``rlcode.sandbox.plain_data``). Any va
 plain data (an ``Opaque``) compares to nothing and makes the assert fail, and arithmetic that
 would let a candidate value blow up the parent's memory is refused. Planning lives in
 ``rlcode.sandbox.asserts``.
+
+The parent's work is bounded, because it runs on the pool's one completion thread (a slow assert
+would stall every verdict in flight): operations whose cost grows with a value are checked before
+they run (sizes of products and powers, hash collisions of sets and dicts built from candidate data)
+and their results after (a decimal's exponent, a fraction's size: ``int(Decimal("1e999999"))`` costs
+half a minute), and one check's asserts share a time budget, EVAL_BUDGET_S.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import decimal
+import fractions
 import math
 import operator
+import reprlib
+import time
 from dataclasses import dataclass
 
-from rlcode.sandbox.plain_data import Opaque
+from rlcode.sandbox.plain_data import MAX_DECIMAL_EXPONENT, LimitExceeded, Opaque, check_hash_spread
 
 # Pure builtins the parent may call on plain data (arguments are plain values, never callables).
 SAFE_FUNCTIONS = {name: getattr(builtins, name) for name in (
@@ -46,6 +56,12 @@ _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, as
             ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b,
             ast.NotIn: lambda a, b: a not in b}
 _MAX_SIZE = 10_000_000  # largest sequence / int bit length the parent will build
+_MAX_FRACTION_BITS = 100_000  # a fraction's numerator and denominator (their gcd is quadratic)
+EVAL_BUDGET_S = 2.0  # all asserts of one check, in the parent (MBPP's take microseconds)
+# Builtins and methods that hash every item of their arguments into a new set or dict.
+_HASHING = {builtins.set, builtins.frozenset, builtins.dict, set.union, set.intersection,
+            set.issubset, set.issuperset, frozenset.union, frozenset.intersection,
+            frozenset.issubset, frozenset.issuperset}
 
 
 class EvalFailure(Exception):
@@ -58,9 +74,10 @@ class Outcome:
     detail: str  # "" when passed; else e.g. "got [1, 2], expected [2, 1]" or "error: ValueError: ..."
 
 
-def evaluate_plan(plan, probe_values: list) -> Outcome:
-    """Decide the assert given the probes' decoded values (``MISSING`` for a probe that never came)."""
-    evaluator = _Evaluator(plan, probe_values)
+def evaluate_plan(plan, probe_values: list, deadline: float | None = None) -> Outcome:
+    """Decide the assert given the probes' decoded values (``MISSING`` for a probe that never came).
+    ``deadline`` (time.monotonic()): when the check's budget ends (default: EVAL_BUDGET_S from now)."""
+    evaluator = _Evaluator(plan, probe_values, deadline)
     try:
         if plan.is_fallback:
             value = evaluator.value(plan.expression)
@@ -84,12 +101,15 @@ MISSING = _Missing()
 
 
 class _Evaluator:
-    def __init__(self, plan, probe_values: list):
+    def __init__(self, plan, probe_values: list, deadline: float | None = None):
         self.plan, self.probe_values, self.cache = plan, probe_values, {}
+        self.deadline = time.monotonic() + EVAL_BUDGET_S if deadline is None else deadline
 
     def value(self, node: ast.expr):
         if type(node) is ast.Constant:  # never a probe (the planner keeps constants parent-side)
             return node.value
+        if time.monotonic() > self.deadline:
+            raise EvalFailure(f"error: the parent's evaluation took over {EVAL_BUDGET_S:g}s")
         key = id(node)
         if key not in self.cache:
             self.cache[key] = self._compute(node)
@@ -172,11 +192,17 @@ class _Evaluator:
         for value in (*args, *kwargs.values()):
             _require_plain(value)
         try:
+            if function in _HASHING:
+                for value in args:
+                    _check_hashing(value, pairs=function is builtins.dict)
             result = function(*args, **kwargs)
         except EvalFailure:
             raise
+        except LimitExceeded as e:
+            raise EvalFailure(f"error: value beyond the parent's limits ({e})") from None
         except Exception as e:  # the test's own expression raised, as it would have in Python
-            raise EvalFailure(f"error: {type(e).__name__}: {str(e)[:80]}") from None
+            raise EvalFailure(f"error: {type(e).__name__}: {_text(e)[:80]}") from None
+        _check_result(result)
         return result
 
     def _probe(self, index: int):
@@ -204,8 +230,32 @@ def _require_plain(value) -> None:
             stack.extend(item.values())
 
 
+def _check_hashing(value, pairs: bool) -> None:
+    """Before hashing a value's items into a set or dict (``pairs``: dict(), which hashes the first
+    of each pair): refuse hash flooding (see plain_data)."""
+    if type(value) is dict:
+        check_hash_spread(value.keys(), "dict")
+    elif type(value) in (list, tuple, set, frozenset):
+        keys = [item[0] for item in value if type(item) in (list, tuple) and item] if pairs else value
+        check_hash_spread(keys, "dict" if pairs else "set")
+
+
+def _check_result(result) -> None:
+    """Results whose later use costs more than their making (decimal arithmetic is cheap at any
+    exponent; ``int()`` of it is not): refused while still cheap to refuse."""
+    kind = type(result)
+    if kind is decimal.Decimal and result.is_finite() and abs(result.adjusted()) > 2 * MAX_DECIMAL_EXPONENT:
+        raise EvalFailure("error: decimal exponent too large for the parent to evaluate")
+    if kind is fractions.Fraction and max(result.numerator.bit_length(),
+                                          result.denominator.bit_length()) > _MAX_FRACTION_BITS:
+        raise EvalFailure("error: fraction too large for the parent to evaluate")
+
+
 def _check_size(op: ast.operator, left, right) -> None:
     """Refuse arithmetic that would make the parent build a huge object from candidate values."""
+    if isinstance(op, ast.Mult) and type(left) is int and type(right) is int \
+            and left.bit_length() + right.bit_length() > _MAX_SIZE:
+        raise EvalFailure("error: result too large for the parent to evaluate")
     if isinstance(op, ast.Mult):
         for seq, count in ((left, right), (right, left)):
             if type(count) is int and isinstance(seq, (str, bytes, list, tuple)) \
@@ -232,6 +282,20 @@ def _describe_failure(expression: ast.expr, evaluator: _Evaluator) -> str:
     return f"got {_short(evaluator.value(expression))}"
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 80
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxfrozenset = _SHORT.maxdict = 20
+
+
 def _short(value, limit: int = 80) -> str:
-    text = repr(value)
+    """A repr bounded in work too (reprlib stops at 20 items a level): failure reasons are built
+    from candidate values."""
+    text = _text(value, _SHORT.repr)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(value, render=str) -> str:
+    try:
+        return render(value)
+    except Exception:  # an int beyond the int/str conversion limit, say
+        return f"<{type(value).__name__} that cannot be shown>"

@@ -23,10 +23,13 @@ import uuid
 import weakref
 from collections.abc import Iterable, Mapping
 
-from .isolation import IsolationReport, probe_isolation
+from . import cgroups
+from .isolation import IsolationReport, IsolationUnavailable, probe_isolation, refuse_visible_filesystem
+from .job_queue import Job, JobQueue, internal_result
 from .launch import Limits
 from .result import ExecResult, ExecutionInfo, Program, Status
-from .worker_slot import Job, WorkerSlot, internal_result
+from .worker_process import WorkerProcess
+from .worker_slot import WorkerSlot, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +41,27 @@ class SandboxPool:
     def __init__(self, workers: int | None = None, timeout: float = 10.0, memory_mb: int = 1024,
                  max_output_bytes: int = 65536, isolation: str = "auto",
                  tags: Mapping[str, str] | None = None, *, max_processes: int = 64,
-                 recycle_after: int = 2000):
+                 recycle_after: int = 2000, allow_visible_filesystem: bool = False,
+                 site_packages: bool = False):
         """
         Args:
             workers: candidate workers (default: one per core). A dedicated reference worker is
                 started on the first ``submit(..., reference=True)``.
             timeout: default wall-clock seconds per execution (the worker kills the whole tree).
-            memory_mb: RLIMIT_AS per process, interpreter included.
+            memory_mb: memory of an execution: all its processes together where a cgroup is
+                writable (root), and RLIMIT_AS per process everywhere.
             max_output_bytes: stdout and stderr are each capped at this many bytes (the rest is
                 counted, flagged as truncated, and dropped without being stored).
             isolation: "auto" (strongest available), "bwrap", "bwrap-userns" or "process".
             tags: tags added to every execution (per-call tags override them).
-            max_processes: RLIMIT_NPROC (processes + threads of uid 65534, across all workers).
+            max_processes: processes + threads of one execution (the pids cgroup); without a
+                writable cgroup, RLIMIT_NPROC, which counts them per uid across all workers.
             recycle_after: restart a worker after this many executions (defence in depth).
+            allow_visible_filesystem: run even where no layer hides your files from the programs
+                (no bubblewrap, no Landlock); otherwise that is an IsolationUnavailable error.
+                The environment variable RLCODE_SANDBOX_ALLOW_VISIBLE_FS=1 opts in too.
+            site_packages: let programs import from the base interpreter's site-packages
+                (default: the standard library only).
         """
         if workers is not None and workers < 1:
             raise ValueError(f"SandboxPool needs workers >= 1 (or None for one per core), got {workers}")
@@ -64,23 +75,38 @@ class SandboxPool:
         # The probe's worker becomes the first slot's, if the thread that started it lives as long
         # as the pool: its parent-death signal fires when that *thread* exits (see WorkerProcess).
         in_main_thread = threading.current_thread() is threading.main_thread()
-        probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread)
+        count = workers or os.cpu_count() or 1
+        names = [f"sandbox-{i}" for i in range(count)] + ["sandbox-reference"]
+        self._cgroups = cgroups.setup()
+        slot_cgroups = {name: self._cgroups.slot(name, memory_mb << 20, max_processes) for name in names}
+        try:
+            probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread,
+                                    site_packages=site_packages, cgroups=self._cgroups,
+                                    worker_config=self._cgroups.worker_config(slot_cgroups[names[0]]))
+        except BaseException:
+            self._cgroups.remove()
+            raise
+        try:
+            refuse_visible_filesystem(probe.report, allow_visible_filesystem)
+        except IsolationUnavailable:
+            if probe.worker is not None:
+                probe.worker.close()
+            shutil.rmtree(probe.staging, ignore_errors=True)
+            self._cgroups.remove()
+            raise
         self.isolation: IsolationReport = probe.report
         self._staging, self._launch = probe.staging, probe.launch
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._closed = False
         self._ids = itertools.count()
-        self._queue: queue.Queue = queue.Queue()
-        self._reference_queue: queue.Queue = queue.Queue()
-        # Slots blocked waiting on each queue: a busy slot only queues a second execution at its
-        # worker when no idle slot of the same queue could take it.
-        self._idle_slots = {id(self._queue): 0, id(self._reference_queue): 0}
-        count = workers or os.cpu_count() or 1
-        self._slots = [WorkerSlot(self, self._queue, f"sandbox-{i}") for i in range(count)]
-        self._slots.append(WorkerSlot(self, self._reference_queue, "sandbox-reference"))
-        self._slots[0].worker = probe.worker  # fresh: it has run nothing yet
         self._completions: queue.Queue = queue.Queue()
+        resolve = lambda job, result: self._completions.put((job, result))  # noqa: E731
+        self._queue = JobQueue(self._lock, self._jobs, resolve)
+        self._reference_queue = JobQueue(self._lock, self._jobs, resolve)
+        self._slots = [WorkerSlot(self._reference_queue if name == "sandbox-reference" else self._queue,
+                                  self._worker_spec(slot_cgroups[name]), name) for name in names]
+        self._slots[0].worker = probe.worker  # fresh: it has run nothing yet
         self._completer = threading.Thread(target=self._complete, name="sandbox-completions", daemon=True)
         self._completer.start()
         for slot in self._slots:
@@ -163,6 +189,7 @@ class SandboxPool:
         self._completions.put(None)
         self._completer.join(timeout=30)
         shutil.rmtree(self._staging, ignore_errors=True)
+        self._cgroups.remove()
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -170,52 +197,21 @@ class SandboxPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- used by the slots -----------------------------------------------------------------------
-    def _take(self, jobs: queue.Queue) -> Job | None:
-        """Block until ``jobs`` yields a job (None: close), counted as an idle slot meanwhile."""
-        with self._lock:
-            self._idle_slots[id(jobs)] += 1
-        try:
-            return jobs.get()
-        finally:
-            with self._lock:
-                self._idle_slots[id(jobs)] -= 1
+    # -- workers ---------------------------------------------------------------------------------
+    def _worker_spec(self, slot_cgroup: dict[str, str]) -> WorkerSpec:
+        config = self._cgroups.worker_config(slot_cgroup)
+        seen = [self._cgroups.oom_kills(slot_cgroup)]
 
-    def _more_work_than_idle_slots(self, jobs: queue.Queue) -> bool:
-        """A busy slot queues a second execution at its worker only when no idle slot could take it."""
-        return jobs.qsize() > self._idle_slots[id(jobs)]
-
-    def _claim(self, job: Job, slot: WorkerSlot, queued: bool) -> bool:
-        """Give ``job`` to ``slot``: running now, or (``queued``) pending behind another execution
-        at the slot's worker until ``_start``."""
-        with self._lock:
-            if job.state != "pending" or job.slot is not None:
-                return False
-            job.slot = slot
-            if not queued:
-                job.state, job.started_at = "running", time.monotonic()
-        if not job.future.set_running_or_notify_cancel():  # the caller cancelled the future
-            self._finish(job)
-            return False
-        return True
-
-    def _start(self, job: Job) -> bool:
-        """A queued job reaches the front of its worker. True if it was waiting until now."""
-        with self._lock:
-            if job.state != "pending":
-                return False
-            job.state, job.started_at = "running", time.monotonic()
-            return True
-
-    def _finish(self, job: Job, result: ExecResult | None = None) -> None:
-        with self._lock:
-            job.state = "done"
-            self._jobs.pop(job.exec_id, None)
-        if result is not None:
-            # Resolving runs the future's callbacks (a verdict, a reward): on the completion thread,
-            # so the slot thread can hand its worker the next execution at once. (So a callback must
-            # not block on another sandbox future: that one resolves on this same thread.)
-            self._completions.put((job, result))
+        def on_result(result: ExecResult) -> ExecResult:
+            """A child SIGKILLed by the cgroup's OOM killer ran out of memory: status memory."""
+            if result.status is Status.KILLED and slot_cgroup:
+                kills = self._cgroups.oom_kills(slot_cgroup)
+                if kills > seen[0]:
+                    seen[0] = kills
+                    result.status, result.error_type = Status.MEMORY, "cgroup memory limit"
+            return result
+        return WorkerSpec(start=lambda: WorkerProcess(self._launch, config=config), level=self.isolation.level,
+                          recycle_after=self.recycle_after, on_result=on_result)
 
     def _complete(self) -> None:
         while (item := self._completions.get()) is not None:

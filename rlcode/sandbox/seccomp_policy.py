@@ -24,6 +24,10 @@ DENIED_SYSCALLS = (
     "keyctl", "add_key", "request_key",
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "fanotify_init",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    # SysV IPC objects and POSIX message queues outlive the process that made them (2 GiB of
+    # detached shm stayed charged to the host) and are visible to the worker's next execution. The
+    # stdlib uses neither (multiprocessing's shared memory and semaphores are files in /dev/shm).
+    "shmget", "msgget", "semget", "mq_open",
 )
 # clone() flags that would create namespaces (the child could otherwise build its own user namespace).
 NAMESPACE_CLONE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from rlcode.sandbox import plain_data
 from rlcode.sandbox.asserts import (MISSING, AssertParseError, AssertPlan, bound_names_among,
                                     evaluate_plan, overridable_names, plan_assert)
+from rlcode.sandbox.plain_eval import EVAL_BUDGET_S
 from rlcode.sandbox.result import ExecResult, Program, Status
 
 _CONFLICT = plain_data.Opaque("conflicting values for one probe", raised=True)
@@ -166,7 +168,12 @@ def _probe_values(result: ExecResult, count: int) -> dict[int, object]:
             index = data["i"]
             if type(index) is not int or not 0 <= index < count or set(data) != {"i", "v"}:
                 continue
+        except (ValueError, TypeError, KeyError, RecursionError):
+            continue
+        try:
             value = plain_data.decode(data["v"])
+        except plain_data.LimitExceeded as e:  # well-formed but too costly to rebuild: fails its test
+            value = plain_data.Opaque(f"value beyond the parent's limits ({e})", raised=True)
         except (ValueError, TypeError, KeyError, RecursionError, plain_data.DecodeError):
             continue
         values[index] = _CONFLICT if index in values else value
@@ -184,13 +191,14 @@ def _decide(plans, candidate_slots, result: ExecResult, reference: dict) -> Test
         value = reference.get(position, MISSING)
         values[slot] = _NO_REFERENCE if value is MISSING else value
     passed, details, fallbacks = [], [], 0
+    deadline = time.monotonic() + EVAL_BUDGET_S  # one budget for the whole check (see plain_eval)
     for t, plan in enumerate(plans):
         if plan is None:
             passed.append(False)
             details.append("test is not a single assert statement")
             continue
         fallbacks += plan.is_fallback
-        outcome = evaluate_plan(plan, [values[(t, p)] for p in range(len(plan.probes))])
+        outcome = evaluate_plan(plan, [values[(t, p)] for p in range(len(plan.probes))], deadline)
         passed.append(outcome.passed)
         details.append(outcome.detail)
     status = Status(result.status).value

@@ -20,24 +20,26 @@ class WorkerFailure(RuntimeError):
 class WorkerProcess:
     """One long-lived worker. Not thread-safe except for ``kill_execution`` and ``close``."""
 
-    def __init__(self, launch: WorkerLaunch, startup_timeout: float = 30.0):
+    def __init__(self, launch: WorkerLaunch, startup_timeout: float = 30.0, config: dict | None = None):
         """Start the worker and wait for its hello (which lists the layers it could turn on).
 
         Call this from a thread that outlives the worker: PR_SET_PDEATHSIG (bwrap's
-        --die-with-parent) fires when the *thread* that started the process exits.
+        --die-with-parent) fires when the *thread* that started the process exits. ``config``: this
+        worker's own additions to the launch's config (its slot's cgroups).
         """
         self.launch = launch
         self._stderr = tempfile.TemporaryFile()
         self._write_lock = threading.Lock()
         self._buffer = bytearray()
         self.executions = 0
+        self.retiring = False  # set by the slot: close once the executions sent have answered
         try:
             self._process = subprocess.Popen(
                 launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                 env=launch.env, start_new_session=True, close_fds=True, bufsize=0, cwd="/")
         except OSError as e:
             raise WorkerFailure(f"could not start the worker ({launch.argv[0]}): {e}") from None
-        config = dict(launch.config)
+        config = {**launch.config, **(config or {})}
         if launch.level == "process":  # inside bwrap our pid is invisible; --die-with-parent covers it
             config["parent_pid"] = os.getpid()
         self._send(config)
@@ -137,11 +139,12 @@ class WorkerProcess:
                     return json.loads(line)
                 except ValueError:
                     raise WorkerFailure(f"unreadable worker message {line[:200]!r}") from None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            # Look before judging: this thread may have been starved past the deadline (the GIL held
+            # elsewhere) while the answer sat in the pipe. Only an empty pipe after it is a timeout.
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready and time.monotonic() >= deadline:
                 self.kill()
                 raise WorkerFailure("worker did not answer in time (killed)")
-            ready, _, _ = select.select([fd], [], [], remaining)
             if ready:
                 data = os.read(fd, 1 << 20)
                 if not data:

@@ -1,26 +1,23 @@
-"""One worker slot: a sandbox worker and the thread that feeds it executions from a pool queue.
+"""One worker slot: a sandbox worker and the thread that feeds it executions from a job queue.
 
-The pool (``rlcode.sandbox.pool``) owns the queues, the job table and its lock; a slot takes jobs
-through the pool's ``_take``/``_claim``/``_start``/``_finish`` so that listing, stopping and
-cancelling stay consistent, and keeps up to PIPELINE_DEPTH of them at its worker.
+A slot knows the pool only through the ``JobQueue`` it is handed (take, claim, start, finish: so
+that listing, stopping and cancelling stay consistent) and a ``WorkerSpec`` (how to start its
+worker), and keeps up to PIPELINE_DEPTH executions at its worker.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .result import ExecResult, Program, Status
+from .job_queue import Job, JobQueue, internal_result
+from .result import ExecResult, Status
 from .worker_process import WorkerFailure, WorkerProcess
-
-if TYPE_CHECKING:
-    from .pool import SandboxPool
 
 log = logging.getLogger("rlcode.sandbox.pool")  # one logger for the pool and its slots
 WORKER_DEADLINE_MARGIN_S = 10.0  # beyond the execution's timeout, the parent gives up on the worker
@@ -28,21 +25,13 @@ PIPELINE_DEPTH = 2  # executions handed to one worker at a time (the second wait
 
 
 @dataclass
-class Job:
-    """One submitted execution as the pool and its slots track it (``ExecutionInfo`` is its view)."""
+class WorkerSpec:
+    """What a slot needs to run workers: how to start one, and when to retire it."""
 
-    exec_id: str
-    program: Program
-    timeout: float
-    tags: dict[str, str]
-    reference: bool
-    future: concurrent.futures.Future
-    submitted_at: float = field(default_factory=time.monotonic)
-    state: str = "pending"  # pending -> running -> done
-    started_at: float | None = None
-    slot: WorkerSlot | None = None
-    stop_requested: bool = False
-    deadline: float = 0.0  # when the parent gives up on the worker (time.monotonic())
+    start: Callable[[], WorkerProcess]  # a fresh worker (called on the slot's own thread)
+    level: str  # the isolation level, for results of executions that never reached a worker
+    recycle_after: int = 2000  # executions per worker
+    on_result: Callable[[ExecResult], ExecResult] = field(default=lambda result: result)  # e.g. OOM
 
 
 class WorkerSlot:
@@ -55,14 +44,14 @@ class WorkerSlot:
     It only takes a second one when no other slot is waiting for work.
     """
 
-    def __init__(self, pool: SandboxPool, jobs: queue.Queue, name: str):
+    def __init__(self, jobs: JobQueue, spec: WorkerSpec, name: str):
         """
         Args:
-            pool: the owner, whose job table and lock every state change goes through.
             jobs: the queue this slot serves (the pool's candidate or reference queue).
+            spec: how to start its workers.
             name: the thread's name (``sandbox-0``, ``sandbox-reference``).
         """
-        self.pool, self.queue, self.name = pool, jobs, name
+        self.queue, self.spec, self.name = jobs, spec, name
         self.worker: WorkerProcess | None = None
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.inflight: collections.deque[Job] = collections.deque()
@@ -81,26 +70,26 @@ class WorkerSlot:
                 if not self.inflight:
                     if closing:
                         break
-                    job = self.pool._take(self.queue)
+                    job = self.queue.take()
                     if job is None:
                         break
-                    if self.pool._claim(job, self, queued=False):
+                    if self.queue.claim(job, self, queued=False):
                         self._send(job)
                     continue
                 if not closing and self._may_prefetch():
                     try:
-                        job = self.queue.get_nowait()
+                        job = self.queue.take_nowait()
                     except queue.Empty:
                         pass
                     else:
                         if job is None:
                             closing = True
-                        elif self.pool._claim(job, self, queued=True):
+                        elif self.queue.claim(job, self, queued=True):
                             self._send(job)
                 self._receive_oldest()
         finally:
             for job in self.inflight:  # only after a failure to respawn: never lose a future
-                self.pool._finish(job, internal_result(job, Status.INTERNAL_ERROR, "pool closed", ""))
+                self.queue.finish(job, internal_result(job, Status.INTERNAL_ERROR, "pool closed", ""))
             if self.worker is not None:
                 self.worker.close()
                 self.worker = None
@@ -108,8 +97,8 @@ class WorkerSlot:
     def _may_prefetch(self) -> bool:
         worker = self.worker
         return (len(self.inflight) < PIPELINE_DEPTH and worker is not None and worker.alive
-                and worker.executions < self.pool.recycle_after
-                and self.pool._more_work_than_idle_slots(self.queue))
+                and worker.executions < self.spec.recycle_after and not worker.retiring
+                and self.queue.more_work_than_idle_slots())
 
     def _send(self, job: Job) -> None:
         """Hand ``job`` to the worker (spawning one if needed), or finish it here if that fails."""
@@ -117,11 +106,11 @@ class WorkerSlot:
             try:
                 self._ready_worker()
             except WorkerFailure as e:
-                self.pool._finish(job, internal_result(job, Status.INTERNAL_ERROR,
-                                                       f"could not start a worker: {e}", self.pool.isolation.level))
+                self.queue.finish(job, internal_result(job, Status.INTERNAL_ERROR,
+                                                       f"could not start a worker: {e}", self.spec.level))
                 return
         if job.stop_requested or job.state == "done":
-            self.pool._finish(job, internal_result(job, Status.CANCELLED, "stopped before it started",
+            self.queue.finish(job, internal_result(job, Status.CANCELLED, "stopped before it started",
                                                    self.worker.launch.level))
             return
         request = {"op": "run", "id": job.exec_id, "code": job.program.code, "setup": job.program.setup,
@@ -136,7 +125,7 @@ class WorkerSlot:
 
     def _receive_oldest(self) -> None:
         job = self.inflight[0]
-        if self.pool._start(job):  # it waited behind another execution: its clock starts now
+        if self.queue.start(job):  # it waited behind another execution: its clock starts now
             job.deadline = time.monotonic() + job.timeout + WORKER_DEADLINE_MARGIN_S
         worker = self.worker
         try:
@@ -146,7 +135,9 @@ class WorkerSlot:
             self._worker_failed(e, job)
             return
         self.inflight.popleft()
-        self.pool._finish(job, result_from_worker(job, raw, worker.launch.level))
+        if raw.get("recycle"):  # it could not empty its scratch dirs: no more work for it
+            worker.retiring = True
+        self.queue.finish(job, self.spec.on_result(result_from_worker(job, raw, worker.launch.level)))
 
     def _worker_failed(self, error: WorkerFailure, job: Job) -> None:
         """``job`` gets internal_error; executions queued behind it go to a fresh worker."""
@@ -154,25 +145,20 @@ class WorkerSlot:
         level = self.worker.launch.level
         self.worker.kill()
         self.worker = None
-        self.pool._finish(job, internal_result(job, Status.INTERNAL_ERROR, str(error), level))
+        self.queue.finish(job, internal_result(job, Status.INTERNAL_ERROR, str(error), level))
         queued, self.inflight = list(self.inflight), collections.deque()
         for waiting in queued:
             self._send(waiting)
 
     def _ready_worker(self) -> WorkerProcess:
         worker = self.worker
-        if worker is not None and (not worker.alive or worker.executions >= self.pool.recycle_after):
+        if worker is not None and (not worker.alive or worker.executions >= self.spec.recycle_after
+                                   or worker.retiring):
             worker.close()
             worker = self.worker = None
         if worker is None:
-            worker = self.worker = WorkerProcess(self.pool._launch)
+            worker = self.worker = self.spec.start()
         return worker
-
-
-def internal_result(job: Job, status: Status, message: str, level: str) -> ExecResult:
-    return ExecResult(exec_id=job.exec_id, status=status, returncode=None, stdout="", stderr="",
-                      stdout_truncated=False, stderr_truncated=False, duration_s=0.0, tags=dict(job.tags),
-                      probe_lines=[], isolation=level, message=message)
 
 
 def result_from_worker(job: Job, raw: dict, level: str) -> ExecResult:

@@ -32,11 +32,14 @@ for _name in PREIMPORTS:
     except Exception:  # a build without sqlite3 or lzma still works
         pass
 
-# -I leaves the script's directory off sys.path; our two sibling modules live there.
+# -I leaves the script's directory off sys.path; our sibling modules live there.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
+import landlock  # noqa: E402
 import outcome  # noqa: E402
 import process_tree  # noqa: E402
+import scratch  # noqa: E402
+import worker_mounts  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -46,7 +49,6 @@ PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
 KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_process.py)
 NPROC_SLACK = 256  # non-root only: room for the trainer's own processes and threads to grow
-MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -93,8 +95,6 @@ class Worker:
         self.control = LineReader(proto_in)
         self.proto_out = proto_out
         self.is_root = os.getuid() == 0
-        self.tmp_root = config["tmp_root"]
-        self.workdir_count = 0
         self.in_bwrap = bool(config.get("in_bwrap"))
         self.seccomp = None
         if config.get("seccomp_bpf_path"):
@@ -111,7 +111,19 @@ class Worker:
             # children (no network, not even the host's abstract UNIX sockets), once per worker.
             self.own_network = _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0
         if config.get("python_prefix") and self.is_root:
-            self.prefix_reachable = _expose_to_sandbox_user(config["python_prefix"])
+            self.prefix_reachable = worker_mounts.expose_to_sandbox_user(config["python_prefix"])
+        # Root under bwrap is in bwrap's mount namespace; root without it gets one of its own.
+        can_mount = self.is_root and (self.in_bwrap or worker_mounts.private_mount_namespace())
+        policy = None
+        abi = landlock.abi_version() if config.get("landlock") else 0
+        if abi:
+            paths = config["landlock"]
+            policy = landlock.Policy(abi, paths["read"], paths["devices"], paths.get("list", ()))
+        self.scratch = scratch.WorkerScratch(
+            config["tmp_root"], owner=child_harness.SANDBOX_UID if self.is_root else None,
+            mount=can_mount, private_shm=self.in_bwrap or can_mount, size_bytes=config["tmpfs_bytes"],
+            inodes=config["tmp_inodes"], landlock_policy=policy)
+        self.in_cgroup = self.is_root and self._join_cgroups(config.get("cgroup_procs") or {})
         # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
         # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
         # the namespace's count) with what already runs, e.g. the trainer's threads: count them
@@ -122,6 +134,21 @@ class Worker:
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
+
+    def _join_cgroups(self, procs: dict) -> bool:
+        """Join the slot's cgroups (memory and pids limits, see the parent's cgroups.py): every
+        child forked from now on is born in them, which costs an execution nothing, and, the
+        worker being idle while a child runs, bounds each execution. Each child raises its own OOM
+        score to the maximum, so the kernel's OOM killer takes the execution, not the worker."""
+        paths = procs.get("bwrap" if self.in_bwrap else "host") or []
+        try:
+            for path in paths:
+                with open(path, "w") as f:
+                    f.write("0")  # "0": the writing process
+        except OSError as e:
+            sys.stderr.write(f"sandbox worker: could not join its cgroup ({e}); rlimits only\n")
+            return False
+        return bool(paths)
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -150,6 +177,9 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
+                "landlock_abi": landlock.abi_version(), "landlock": self.scratch.ruleset is not None,
+                "tmpfs_per_execution": self.scratch.workdir.mounted,
+                "cgroup": self.in_cgroup,
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
@@ -172,20 +202,29 @@ class Worker:
             except Exception as exc:  # the sandbox's own failure: report, keep serving
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
             result.update(op="result", id=message["id"])
+            if self.scratch.recycle:  # the parent retires this worker once its queued executions are done
+                result["recycle"] = True
             _write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
-        self.workdir_count += 1
-        workdir = f"{self.tmp_root}/x{os.getpid()}-{self.workdir_count}"  # tmp_root is ours, 0755
-        os.mkdir(workdir, 0o700)
         try:
-            if self.is_root:
-                os.chown(workdir, child_harness.SANDBOX_UID, child_harness.SANDBOX_UID)
-            return self._run_child(request, workdir)
-        finally:
-            _remove_tree(workdir)
-            if self.in_bwrap:
-                _clear_directory("/dev/shm")  # private to this worker's sandbox
+            return self._run_child(request, self.scratch.workdir.path)
+        finally:  # every process of the execution is gone: nothing can write there any more
+            self.scratch.reset()
+            if self.seccomp is None and self.is_root:
+                self._drop_ipc_objects()
+
+    def _drop_ipc_objects(self) -> None:
+        """Without the seccomp filter (which denies creating them) SysV IPC objects could outlive
+        the execution: if any exist, move to a fresh IPC namespace, freeing the old one whole."""
+        for kind in ("shm", "msg", "sem"):
+            try:
+                with open(f"/proc/sysvipc/{kind}", "rb") as f:
+                    if len(f.read().splitlines()) > 1:  # a header line, then one line per object
+                        _libc.unshare(CLONE_NEWIPC)
+                        return
+            except OSError:
+                pass
 
     def _run_child(self, request: dict, workdir: str) -> dict:
         out_r, out_w = os.pipe()
@@ -195,9 +234,14 @@ class Worker:
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
+        if self.config.get("nproc_by_cgroup") and self.in_cgroup:
+            del limits["RLIMIT_NPROC"]  # the pids cgroup bounds this execution alone
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
+        ruleset = self.scratch.ruleset
         plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
-                                         seccomp_program=self.seccomp, private_proc=not self.in_bwrap)
+                                         oom_first=self.in_cgroup,
+                                         seccomp_program=self.seccomp, landlock=ruleset is not None,
+                                         private_proc=not self.in_bwrap and ruleset is None)
         if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         started = time.monotonic()
@@ -208,7 +252,10 @@ class Worker:
                 os.dup2(out_w, 1)  # fd 0 is already /dev/null (see main())
                 os.dup2(err_w, 2)
                 os.dup2(val_w, child_harness.VALUES_FD)
-                os.closerange(child_harness.VALUES_FD + 1, 1 << 16)  # protocol pipes, ns fd, ...
+                last_kept = child_harness.VALUES_FD
+                if ruleset is not None:  # entered, then closed, in confine()
+                    last_kept = os.dup2(ruleset, child_harness.LANDLOCK_FD)
+                os.closerange(last_kept + 1, 1 << 16)  # protocol pipes, ns fd, ...
                 child_harness.confine(plan)
             except BaseException as exc:
                 try:
@@ -296,34 +343,6 @@ class Worker:
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason
 
-def _expose_to_sandbox_user(path: str) -> bool:
-    """Without bwrap, a root worker's children drop to uid 65534, which cannot enter a python
-    prefix under a 0700 directory (pyenv in /root): only modules imported before the fork would
-    work. So in a private mount namespace of the worker (inherited by its children), cover that
-    directory with an empty 0755 tmpfs (hiding the rest of it) and bind the prefix back, read-only."""
-    parts = path.rstrip("/").split("/")
-    ancestors = ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
-    blocked = [a for a in ancestors if not os.stat(a).st_mode & 0o001]
-    if not blocked:
-        return True
-    if blocked[0] == path or _libc.unshare(child_harness.CLONE_NEWNS) != 0:
-        return False
-    private = child_harness.MS_REC | child_harness.MS_PRIVATE
-    if _libc.mount(None, b"/", None, ctypes.c_ulong(private), None) != 0:
-        return False
-    keep = os.open(path, os.O_PATH | os.O_DIRECTORY)
-    flags = child_harness.MS_NOSUID | child_harness.MS_NODEV
-    if _libc.mount(b"tmpfs", blocked[0].encode(), b"tmpfs", ctypes.c_ulong(flags), b"mode=0755,size=1m") != 0:
-        return False
-    os.makedirs(path, mode=0o755, exist_ok=True)
-    source = f"/proc/self/fd/{keep}".encode()
-    if _libc.mount(source, path.encode(), None, ctypes.c_ulong(MS_BIND | child_harness.MS_REC), None) != 0:
-        return False
-    _libc.mount(None, path.encode(), None, ctypes.c_ulong(MS_BIND | MS_REMOUNT | MS_RDONLY | flags), None)
-    os.close(keep)
-    return True
-
-
 def _drain(fd: int, stream) -> None:
     os.set_blocking(fd, False)
     while True:
@@ -334,37 +353,6 @@ def _drain(fd: int, stream) -> None:
         if not data:
             return
         stream.add(data)
-
-
-def _remove_tree(path: str) -> None:
-    """Delete what a program left (usually nothing: one rmdir). No shutil: not worth its pages."""
-    try:
-        os.rmdir(path)
-        return
-    except FileNotFoundError:
-        return
-    except OSError:
-        pass
-    _clear_directory(path)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def _clear_directory(path: str) -> None:
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
 
 
 def main() -> None:

@@ -18,9 +18,11 @@ import sys
 import traceback
 import types
 
-import plain_data
+import landlock
+import plain_encode
 
 VALUES_FD = 3
+LANDLOCK_FD = 4  # the worker's Landlock ruleset, until confine() has entered it
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SANDBOX_UID = 65534
 PR_SET_PDEATHSIG = 1
@@ -32,7 +34,8 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 
 # Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
-_dumps = plain_data.dumps
+_dumps = plain_encode.dumps
+_landlock_restrict = landlock.restrict_self
 _write = os.write
 _exit = os._exit
 _compile = compile
@@ -129,8 +132,10 @@ class Confinement:
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
     def __init__(self, *, workdir: str, limits: dict, drop_uid: bool, seccomp_program,
-                 private_proc: bool = False):
+                 landlock: bool = False, private_proc: bool = False, oom_first: bool = False):
         self.workdir, self.drop_uid, self.private_proc = workdir, drop_uid, private_proc
+        self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
+        self.oom_first = oom_first  # sharing the worker's cgroup: be the OOM killer's first pick
         self.seccomp_program = seccomp_program
         self.rlimits = [(getattr(resource, name), (value, value + 1) if name == "RLIMIT_CPU" else (value, value))
                         for name, value in limits.items()]
@@ -139,6 +144,12 @@ class Confinement:
 def confine(plan: Confinement) -> None:
     """Make this process harmless. Any failure raises: the caller exits before running code."""
     os.setsid()  # own session and process group: killpg reaches every non-escaping descendant
+    if plan.oom_first:  # raising one's own score needs no privilege (lowering it would)
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
     if plan.private_proc:
         _private_mounts()
     os.chdir(plan.workdir)
@@ -155,6 +166,9 @@ def confine(plan: Confinement) -> None:
     # uid change, which clears the parent-death signal.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
+    if plan.landlock:  # after the mounts (a Landlock domain may not change them) and the uid drop
+        _landlock_restrict(LANDLOCK_FD)
+        os.close(LANDLOCK_FD)
     if plan.seccomp_program is not None:
         plan.seccomp_program.load()
 
@@ -245,7 +259,8 @@ def run(code: str, setup: str, probes) -> None:
     sys.modules["__main__"] = main
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
-    for name in ("plain_data", "child_harness", "worker_main", "outcome", "process_tree"):
+    for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
+                 "scratch", "worker_mounts"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

@@ -1,0 +1,187 @@
+"""An execution's writable directories (its temp dir, and /dev/shm when private), emptied between
+executions so that nothing one execution leaves is seen by the next, and the Landlock ruleset that
+lets a child write there and nowhere else. Standalone stdlib code (runs in the worker, see
+worker_main.py).
+
+Where the worker may mount (root in its own mount namespace: bwrap, or the process level as root),
+each directory is a tmpfs of its own, capped in bytes and inodes, and a dirty one is replaced by a
+fresh tmpfs (the old one is detached and freed whole, however deep or full it was). Elsewhere the
+directory is emptied with fd-relative calls holding one directory fd at a time, so neither PATH_MAX
+nor recursion depth limits it; if that fails or overruns its time budget, the worker moves to a new
+directory and asks to be recycled.
+"""
+
+import ctypes
+import errno
+import os
+import stat
+import time
+
+MS_NOSUID, MS_NODEV = 2, 4
+MNT_DETACH = 2
+CLEAR_BUDGET_S = 2.0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class WorkerScratch:
+    """A worker's scratch directories and their Landlock ruleset (rebuilt when a directory is
+    replaced: rules hold the inodes they were made for)."""
+
+    def __init__(self, tmp_root: str, *, owner, mount: bool, private_shm: bool, size_bytes: int,
+                 inodes: int, landlock_policy=None):
+        """
+        Args:
+            owner: the uid the child runs as when it differs from ours (root workers), else None.
+            mount: we may mount (root in a mount namespace of our own): tmpfs directories.
+            private_shm: /dev/shm is ours alone (bwrap, or mounted by us); else the host's, left alone.
+            landlock_policy: a ``landlock.Policy`` (None: the kernel has no Landlock).
+        """
+        self.workdir = ScratchDir(f"{tmp_root}/work", mode=0o700, owner=owner, mount=mount,
+                                  size_bytes=size_bytes, inodes=inodes)
+        self.shm = ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=mount, size_bytes=size_bytes,
+                              inodes=inodes) if private_shm else None
+        self.recycle = False  # set once a directory could not be emptied: the parent retires us
+        self.policy, self.ruleset, self._ruleset_for = landlock_policy, None, None
+        self._refresh_ruleset()
+
+    def reset(self) -> None:
+        """Empty every directory for the next execution (every process of the last one is gone)."""
+        clean = True
+        for directory in (self.workdir, self.shm):
+            try:
+                clean = (directory is None or directory.reset()) and clean
+            except OSError:
+                clean = False
+        self.recycle = self.recycle or not clean
+        self._refresh_ruleset()
+
+    def _refresh_ruleset(self) -> None:
+        writable = [d for d in (self.workdir, self.shm) if d is not None]
+        key = tuple((d.path, d.generation) for d in writable)
+        if self.policy is None or key == self._ruleset_for:
+            return
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+        self.ruleset, self._ruleset_for = self.policy.build([d.path for d in writable]), key
+
+
+class ScratchDir:
+    """One writable directory at a fixed path: a tmpfs where we can mount, else a plain directory."""
+
+    def __init__(self, path: str, *, mode: int, owner, mount: bool, size_bytes: int, inodes: int):
+        self.path, self.mode, self.owner = path, mode, owner
+        self.options = f"mode={mode:o},size={size_bytes},nr_inodes={inodes}"
+        if owner is not None:
+            self.options += f",uid={owner},gid={owner}"
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        self.mounted = mount and self._mount()
+        if not self.mounted:
+            self._restore_root()
+        self.generation = 0  # bumped whenever the directory is replaced (its Landlock rule too)
+
+    def reset(self) -> bool:
+        """Empty it for the next execution. False: it could not be emptied (recycle the worker);
+        the directory has then been replaced by a new, empty one at a new path."""
+        if self.mounted:
+            if self._dirty():
+                _libc.umount2(self.path.encode(), MNT_DETACH)
+                if not self._mount():
+                    raise OSError(ctypes.get_errno(), f"could not remount a tmpfs on {self.path}")
+                self.generation += 1
+            return True
+        try:
+            os.chmod(self.path, 0o700)  # the program (same uid here) may have locked its own root
+        except OSError:
+            pass
+        if clear_directory(self.path, time.monotonic() + CLEAR_BUDGET_S):
+            self._restore_root()
+            return True
+        self.path = f"{self.path.rstrip('/0123456789-')}-{time.monotonic_ns()}"  # leave the wreck
+        os.mkdir(self.path, 0o700)
+        self._restore_root()
+        self.generation += 1
+        return False
+
+    def _mount(self) -> bool:
+        flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
+        return _libc.mount(b"tmpfs", self.path.encode(), b"tmpfs", flags, self.options.encode()) == 0
+
+    def _dirty(self) -> bool:
+        """Anything but the empty root (one inode) as we made it: one statvfs and one stat."""
+        fs = os.statvfs(self.path)
+        if fs.f_files - fs.f_ffree != 1:
+            return True
+        st = os.stat(self.path)
+        return stat.S_IMODE(st.st_mode) != self.mode or (self.owner is not None and st.st_uid != self.owner)
+
+    def _restore_root(self) -> None:
+        try:  # fails only on a directory we do not own (bwrap's /dev/shm in a user namespace)
+            os.chmod(self.path, self.mode)
+            if self.owner is not None:
+                os.chown(self.path, self.owner, self.owner)
+        except OSError:
+            pass
+
+
+def clear_directory(path: str, deadline: float) -> bool:
+    """Delete everything under ``path`` (not ``path`` itself). Depth-first with one open directory
+    fd at a time, walking back up through ``..`` (nothing runs that could move a directory
+    meanwhile): no path is ever longer than one name, and no recursion. False on failure or past
+    ``deadline``.
+
+    It never climbs above ``path``: the walk counts its depth, and every directory it climbs to
+    must be the one it descended from (same device and inode), else it stops. (A first version
+    compared fd numbers to find ``path`` again; ``..`` opens a new fd, so it climbed past the top
+    and deleted the host's /tmp and /etc.)"""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False
+    trail = []  # (st_dev, st_ino) of each directory above the current one, up to ``path``
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                return False
+            below = _empty_or_descend(fd, flags)
+            if below is not None:
+                here = os.fstat(fd)
+                trail.append((here.st_dev, here.st_ino))
+                os.close(fd)
+                fd = below
+                continue
+            if not trail:  # ``path`` itself is empty: done
+                return True
+            parent = os.open("..", flags, dir_fd=fd)  # the now-empty directory goes on the next pass
+            os.close(fd)
+            fd = parent
+            above = os.fstat(fd)
+            if (above.st_dev, above.st_ino) != trail.pop():
+                return False  # not where we came from (a mount or a moved directory): stop
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _empty_or_descend(fd: int, flags: int):
+    """Remove the entries of directory ``fd`` it can; return an fd of the first non-empty
+    subdirectory to descend into, or None once ``fd`` is empty."""
+    with os.scandir(fd) as entries:
+        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for name, is_dir in names:
+        if not is_dir:
+            os.unlink(name, dir_fd=fd)
+            continue
+        try:
+            os.rmdir(name, dir_fd=fd)
+            continue
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EACCES, errno.EPERM):
+                raise
+        try:
+            os.chmod(name, 0o700, dir_fd=fd)  # a program may have locked it (a directory: no symlink)
+        except OSError:
+            pass
+        return os.open(name, flags, dir_fd=fd)
+    return None

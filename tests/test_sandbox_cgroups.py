@@ -1,0 +1,96 @@
+"""Memory and process limits hold per execution, not per process or per uid (issue 10, item 3).
+
+RLIMIT_AS bounds each process alone (forked children or a memfd exceed it together) and
+RLIMIT_NPROC counts every process of uid 65534 on the machine (one sample's processes starved
+another worker's). Where a writable cgroup exists (root here) both limits are per execution.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from rlcode.sandbox import SandboxPool, Status
+from rlcode.sandbox.cgroups import WORKER_MEMORY_BYTES
+
+CHUNK_MB = 200
+FORKED_HOGS = textwrap.dedent(f"""
+    import os, sys, time
+    for _ in range(3):  # 3 x {CHUNK_MB} MiB: each child is under RLIMIT_AS, together they are not
+        if os.fork() == 0:
+            block = b"\\x01" * ({CHUNK_MB} << 20)  # written, so really resident
+            os.write(1, b"allocated\\n")
+            time.sleep(3)
+            os._exit(0)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+""")
+MEMFD_HOG = textwrap.dedent("""
+    import os
+    files = []
+    for _ in range(7):  # 7 x 60 MiB, each under RLIMIT_FSIZE, none mapped: no address space at all
+        files.append(os.memfd_create("hog"))
+        for _ in range(60):
+            os.write(files[-1], b"\\x01" * (1 << 20))
+    print("memfd filled")
+""")
+
+
+@pytest.fixture(scope="module", params=["bwrap", "process"])
+def pool(request):
+    with SandboxPool(workers=2, timeout=20.0, memory_mb=256, max_processes=32, isolation=request.param) as p:
+        if not p.isolation.layers["cgroup_limits"]:
+            pytest.skip("no writable cgroup here: rlimits only (see the isolation report)")
+        yield p
+
+
+def test_memory_of_all_processes_of_an_execution_stays_under_its_limit(pool):
+    """Guards the memory cgroup: three forked children cannot hold 3 x 200 MiB under a 256 MiB
+    limit (plus the idle worker's headroom in the same group)."""
+    result = pool.submit(FORKED_HOGS).result()
+    limit_mb = 256 + (WORKER_MEMORY_BYTES >> 20)
+    assert result.stdout.count("allocated") * CHUNK_MB <= limit_mb, result
+
+
+def test_a_memfd_counts_against_the_execution(pool):
+    """Guards the memory cgroup against memory no rlimit sees (420 MiB of memfds under 256 MiB)."""
+    result = pool.submit(MEMFD_HOG).result()
+    assert "memfd filled" not in result.stdout
+    assert result.status in (Status.MEMORY, Status.ERROR), result
+
+
+HOG = textwrap.dedent("""
+    import os, time
+    started = time.monotonic()
+    while time.monotonic() - started < 3:
+        try:
+            pid = os.fork()
+        except OSError:  # the execution's process limit
+            break
+        if pid == 0:
+            time.sleep(8)
+            os._exit(0)
+    time.sleep(6)
+""")
+THREADS = textwrap.dedent("""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(16) as ex:
+        print(sum(ex.map(lambda x: x * x, range(100))))
+""")
+
+
+def test_a_fork_hog_does_not_stop_a_concurrent_execution_from_starting_threads(pool):
+    """Guards per-execution process limits: before, RLIMIT_NPROC counted every uid-65534 process,
+    so a hog on one worker made a concurrent honest program fail to start a thread."""
+    with SandboxPool(workers=2, timeout=20.0, max_processes=32,  # 1 GiB: room for 16 thread stacks
+                     isolation=pool.isolation.level) as hog_pool:
+        hog = hog_pool.submit(HOG)
+        time.sleep(2.0)  # the hog holds its processes from here for several seconds
+        honest = hog_pool.submit(THREADS).result()
+        assert honest.status is Status.OK and honest.stdout == "328350\n", honest
+        assert hog.result().status is Status.OK
