@@ -132,9 +132,7 @@ class MBPPEval(L.Callback):
 
     def _sandbox(self, pl_module):
         if self._pool is None:
-            from rlcode.sandbox import SandboxPool
-
-            self._pool = SandboxPool(workers=self.sandbox_workers or pl_module.sandbox_workers(), timeout=self.timeout)
+            self._pool = pl_module.sandbox_pool(self.timeout, workers=self.sandbox_workers)
             self._pool.__enter__()
         return self._pool
 

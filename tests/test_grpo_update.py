@@ -151,3 +151,22 @@ def test_fsdp_is_refused_with_a_one_line_reason():
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
     with pytest.raises(ValueError, match="FSDPStrategy is not supported.*ddp"):
         module.setup("fit")
+
+
+def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
+    """Guards issue 10.4: where nothing hides the filesystem the pool refuses to start unless the user
+    opts in; training passes model.sandbox_allow_visible_filesystem to every pool it builds."""
+    import rlcode.sandbox
+
+    seen = []
+
+    class Recording:
+        def __init__(self, **settings):
+            seen.append(settings)
+
+    monkeypatch.setattr(rlcode.sandbox, "SandboxPool", Recording)
+    module = build_module(configure=False, sandbox_allow_visible_filesystem=True, sandbox_workers=1)
+    module.sandbox_pool(3.0)
+    module.sandbox_pool(3.0, workers=2)
+    assert seen == [{"workers": 1, "timeout": 3.0, "allow_visible_filesystem": True},
+                    {"workers": 2, "timeout": 3.0, "allow_visible_filesystem": True}]

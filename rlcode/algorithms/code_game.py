@@ -52,9 +52,7 @@ class CodeGame(GRPO):
         return self._opponent_actor
 
     def _build_rewards(self):
-        from rlcode.sandbox import SandboxPool
-
-        self._sandbox = SandboxPool(workers=self.sandbox_workers(), timeout=2 * self.hparams.program_timeout + 5)
+        self._sandbox = self.sandbox_pool(2 * self.hparams.program_timeout + 5)
         return None
 
     def collect(self, batch):

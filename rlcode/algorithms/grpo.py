@@ -63,6 +63,7 @@ class GRPO(L.LightningModule):
         reward_weights: list[float] | None = None,
         reward_timeout: float = 10.0,
         sandbox_workers: int | None = None,
+        sandbox_allow_visible_filesystem: bool = False,
         num_generations: int = 8,
         max_new_tokens: int = 256,
         temperature: float = 0.7,
@@ -103,6 +104,8 @@ class GRPO(L.LightningModule):
             reward_timeout: seconds each completion may run in the sandbox.
             sandbox_workers: sandbox worker processes (None: the CPU cores shared among the
                 node's ranks).
+            sandbox_allow_visible_filesystem: score untrusted code even where no isolation layer
+                hides your files from it (no bubblewrap, user namespaces or Landlock); see the README.
             num_generations: G, completions sampled per prompt (the group of GRPO's baseline).
             max_new_tokens: generation limit per completion.
             temperature: sampling temperature (also used to score tokens, as TRL does).
@@ -181,6 +184,13 @@ class GRPO(L.LightningModule):
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
                                      vllm=hp.vllm, seed=hp.generation_seed)
 
+    def sandbox_pool(self, timeout: float, workers: int | None = None):
+        """A sandbox pool for this rank with the run's isolation settings (the caller closes it)."""
+        from rlcode.sandbox import SandboxPool
+
+        return SandboxPool(workers=workers or self.sandbox_workers(), timeout=timeout,
+                           allow_visible_filesystem=self.hparams.sandbox_allow_visible_filesystem)
+
     def sandbox_workers(self) -> int:
         """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
         from rlcode.platform import default_sandbox_workers
@@ -223,7 +233,7 @@ class GRPO(L.LightningModule):
         from rlcode.algorithms.reward_factory import build_rewards
 
         functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
-                                                 workers=self.sandbox_workers())
+                                                 pool_factory=self.sandbox_pool)
         return RewardMixture(functions, self.hparams.reward_weights)
 
     def teardown(self, stage: str) -> None:
@@ -323,23 +333,14 @@ class GRPO(L.LightningModule):
         self._log_greedy_pass_rate(batch, "mbpp_test")
 
     def _log_greedy_pass_rate(self, batch: PromptBatch, prefix: str) -> None:
-        from rlcode.eval.policy_scoring import BatchProblem, score_policy
+        from rlcode.eval.policy_scoring import score_batch
 
         if self._eval_pool is None:
-            from rlcode.sandbox import SandboxPool
-
-            self._eval_pool = SandboxPool(workers=self.sandbox_workers(), timeout=self.hparams.reward_timeout)
-        problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
-                                                      batch.get("test_setup_code") or [""] * len(batch["task_id"]),
-                                                      batch.get("entry_point") or [None] * len(batch["task_id"]))]
-        prompts = [self.render(p) for p in batch["prompt"]]
-        report = score_policy(self, prompts, problems, self._eval_pool, step=self.global_step, split=prefix,
-                              max_new_tokens=self.hparams.max_new_tokens, timeout=self.hparams.reward_timeout,
-                              batch_size=len(prompts))
-        count = len(problems)
+            self._eval_pool = self.sandbox_pool(self.hparams.reward_timeout)
+        report = score_batch(self, batch, self._eval_pool, split=prefix)
+        count = len(report.problems)
         self.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
-
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:

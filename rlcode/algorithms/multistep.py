@@ -35,9 +35,7 @@ class MultiStepMBPP(GRPO):
         super().__init__(**grpo_settings)
 
     def _build_rewards(self):
-        from rlcode.sandbox import SandboxPool
-
-        self._sandbox = SandboxPool(workers=self.sandbox_workers(), timeout=self.hparams.reward_timeout)
+        self._sandbox = self.sandbox_pool(self.hparams.reward_timeout)
         return None  # the episodes' returns are the rewards
 
     def collect(self, batch):

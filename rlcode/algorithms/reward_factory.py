@@ -13,8 +13,12 @@ import importlib
 from typing import Any, Callable
 
 
-def build_rewards(names: list[str], *, timeout: float, workers: int | None) -> tuple[list[Callable], Any]:
-    """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one)."""
+def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[float], Any]
+                  ) -> tuple[list[Callable], Any]:
+    """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one).
+
+    ``pool_factory(timeout)`` builds the pool (the module's, with the run's workers and isolation).
+    """
     from rlcode.rewards import REWARDS, build_reward
 
     unknown = [name for name in names if name not in REWARDS and ":" not in name]
@@ -24,9 +28,7 @@ def build_rewards(names: list[str], *, timeout: float, workers: int | None) -> t
     imported = {name: _import(name) for name in names if ":" in name}
     pool = None
     if any(name in REWARDS for name in names):
-        from rlcode.sandbox import SandboxPool
-
-        pool = SandboxPool(workers=workers, timeout=timeout)
+        pool = pool_factory(timeout)
     try:
         return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout)
                 for name in names], pool

@@ -101,6 +101,18 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     return EvalReport(step, split, temperature, results, pass_at_k)
 
 
+def score_batch(module, batch: dict, pool, *, split: str) -> EvalReport:
+    """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns."""
+    count = len(batch["task_id"])
+    problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
+                                                  batch.get("test_setup_code") or [""] * count,
+                                                  batch.get("entry_point") or [None] * count)]
+    prompts = [module.render(prompt) for prompt in batch["prompt"]]
+    return score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
+                        max_new_tokens=module.hparams.max_new_tokens, timeout=module.hparams.reward_timeout,
+                        batch_size=len(prompts))
+
+
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
               prompts_per_batch: int, seed: int) -> list[str]:
     texts: list[str] = []
