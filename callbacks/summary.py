@@ -66,11 +66,11 @@ def game_banner(model: str, games: list[str], steps: int, episodes_per_step: int
 
 
 def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, prompts_per_step: int,
-           generations: int, rewards: list[str], run: str, dry_run: bool) -> str:
+           generations: int, rewards: list[str], run: str, dry_run: bool, mode: str = "GRPO") -> str:
     """What is about to happen, printed before the first step (the ART toolkit's header)."""
     rule = "=" * 60
     return "\n".join([
-        f"rlcode GRPO{' (dry run: no weight updates)' if dry_run else ''}", rule,
+        f"rlcode {mode}{' (dry run: no weight updates)' if dry_run else ''}", rule,
         f"Model: {model}",
         f"Problems: {train_tasks} train" + (f", {eval_tasks} eval" if eval_tasks else ""),
         f"Steps: {steps}",
@@ -105,10 +105,13 @@ class RunSummary(L.Callback):
                               run=str(run_dir(trainer))), flush=True)
             return
         evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
+        # Modes whose episodes score themselves say what their reward is (multi-step MBPP, code game)
+        rewards = getattr(pl_module, "reward_description", None) or list(hp.rewards)
         print(banner(model=hp.model_name, train_tasks=len(getattr(data, "train_tasks", [])),
                      eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
                      prompts_per_step=getattr(data, "prompts_per_step", 0), generations=hp.num_generations,
-                     rewards=list(hp.rewards), run=str(run_dir(trainer)), dry_run=hp.dry_run), flush=True)
+                     rewards=[rewards] if isinstance(rewards, str) else rewards, run=str(run_dir(trainer)),
+                     dry_run=hp.dry_run, mode=type(pl_module).__name__), flush=True)
 
     @rank_zero_only
     def on_fit_end(self, trainer, pl_module) -> None:

@@ -51,6 +51,8 @@ class CodeGame(GRPO):
             self._opponent_actor = PolicyOpponent(self.render, frozen_generator(self, self._opponent_policy))
         return self._opponent_actor
 
+    reward_description = "writer +1 / predictor -1 when the prediction is wrong, the opposite when right"
+
     def _build_rewards(self):
         self._sandbox = self.sandbox_pool(2 * self.hparams.program_timeout + 5)
         return None

@@ -34,6 +34,11 @@ class MultiStepMBPP(GRPO):
         """
         super().__init__(**grpo_settings)
 
+    @property
+    def reward_description(self) -> str:
+        hp = self.hparams
+        return f"MBPP tests ({hp.reward_kind}) after up to {hp.max_attempts} attempts with execution feedback"
+
     def _build_rewards(self):
         self._sandbox = self.sandbox_pool(self.hparams.reward_timeout)
         return None  # the episodes' returns are the rewards
