@@ -36,10 +36,11 @@ from rlcode.algorithms.gradient_sync import clip_grad_norm
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
 from rlcode.algorithms.optimizer_steps import count_step_without_update
 from rlcode.algorithms.policy_update import update_policy
+from rlcode.algorithms.resume_state import ExactResume
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps
 from rlcode.algorithms.step_record import StepRecord, timed
-from rlcode.models.adapters import LoraSettings
+from rlcode.models.adapters import LoraSettings, Quantization
 from rlcode.rollout.backends import build_backend
 
 if TYPE_CHECKING:
@@ -50,13 +51,14 @@ REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
 _ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
 
 
-class GRPO(L.LightningModule):
+class GRPO(ExactResume, L.LightningModule):
     def __init__(
         self,
         model_name: str = "smollm2-135m-instruct",
         precision: str = "32-true",
         gradient_checkpointing: bool = False,
         lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
         rewards: list[str] = ["execution"],  # noqa: B006 (jsonargparse needs the literal default)
         reward_weights: list[float] | None = None,
         reward_timeout: float = 10.0,
@@ -94,6 +96,8 @@ class GRPO(L.LightningModule):
             gradient_checkpointing: recompute activations in backward (less memory, ~13% slower).
             lora: train LoRA adapters instead of every weight; the adapter-free base is then the
                 reference policy of the KL term.
+            quantization: "4bit" (QLoRA: NF4, double quantization, compute dtype from ``precision``)
+                or "8bit" base weights through transformers' BitsAndBytesConfig; needs ``lora``.
             rewards: reward function names from ``rlcode.rewards`` ("execution", "mbpp_tests",
                 "mbpp_tests_fraction") or import paths "package.module:function" of TRL-style
                 functions, summed with ``reward_weights``.
@@ -136,6 +140,8 @@ class GRPO(L.LightningModule):
                 steps are still counted, so max_steps ends it).
         """
         super().__init__()
+        if quantization is not None and lora is None:  # frozen quantized weights: only adapters can train
+            raise ValueError(f"model.quantization={quantization!r} needs model.lora, e.g. --model.lora '{{r: 16}}'")
         if num_generations < 2 and scale_rewards == "group":
             raise ValueError("num_generations=1 gives every group a zero std (no learning signal): "
                              "use num_generations >= 2")
@@ -151,18 +157,31 @@ class GRPO(L.LightningModule):
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
         self._eval_pool = None  # sandbox of rlcode validate / test
+        self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
+        self.init_resume_state()  # resume_parts: more state for an exact resume (resume_state.py)
+
+    @classmethod
+    def from_pretrained_model(cls, model, tokenizer, **settings) -> GRPO:
+        """GRPO around a model you built (a notebook's own 4-bit loading): the tokenizer is set up for
+        batched generation, ``lora`` adapters added if the model has none; kept off the hparams."""
+        from rlcode.models.user_model import prepare_user_model, source_name
+
+        module = cls(model_name=settings.pop("model_name", None) or source_name(model), **settings)
+        module.policy, module.tokenizer = prepare_user_model(model, tokenizer, module.hparams.lora)
+        return module
 
     # ---- building (lazily, once) ------------------------------------------------------------
     def configure_model(self) -> None:
-        if self.policy is not None:
+        if self.backend is not None:
             return
         from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
-        self.tokenizer = load_tokenizer(hp.model_name)
-        lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a plain dict
-        self.policy = load_model(hp.model_name, precision=hp.precision,
-                                 gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
+        if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
+            self.tokenizer = load_tokenizer(hp.model_name)
+            lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
+            self.policy = load_model(hp.model_name, precision=hp.precision, quantization=hp.quantization,
+                                     gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
         if hp.disable_dropout:
             disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
@@ -215,9 +234,11 @@ class GRPO(L.LightningModule):
 
     def _build_rewards(self) -> RewardMixture:
         from rlcode.algorithms.reward_factory import build_rewards
+        from rlcode.run_identity import shared_run_id
 
+        self.run_id = shared_run_id(self.trainer, self.run_id)  # tags the sandbox's executions of this run
         functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
-                                                 workers=self.sandbox_workers())
+                                                 workers=self.sandbox_workers(), run_id=self.run_id)
         return RewardMixture(functions, self.hparams.reward_weights)
 
     def teardown(self, stage: str) -> None:
@@ -371,6 +392,7 @@ class GRPO(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from rlcode.models import is_lora_model
 
+        self.save_resume_state(checkpoint)  # RNG states, reward and estimator state
         if is_lora_model(self.policy):  # the frozen base is reloaded from its source: keep adapters only
             trainable = {n for n, p in self.named_parameters() if p.requires_grad}
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

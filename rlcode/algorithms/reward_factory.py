@@ -13,8 +13,13 @@ import importlib
 from typing import Any, Callable
 
 
-def build_rewards(names: list[str], *, timeout: float, workers: int | None) -> tuple[list[Callable], Any]:
-    """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one)."""
+def build_rewards(names: list[str], *, timeout: float, workers: int | None,
+                  run_id: str | None = None) -> tuple[list[Callable], Any]:
+    """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one).
+
+    ``run_id`` tags every execution as ``run`` (beside ``step`` and ``task``): ``pool.list`` and
+    ``pool.stop`` by run then find this run's programs on a pool several runs share.
+    """
     from rlcode.rewards import REWARDS, build_reward
 
     unknown = [name for name in names if name not in REWARDS and ":" not in name]
@@ -28,7 +33,7 @@ def build_rewards(names: list[str], *, timeout: float, workers: int | None) -> t
 
         pool = SandboxPool(workers=workers, timeout=timeout)
     try:
-        return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout)
+        return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout, run_id=run_id)
                 for name in names], pool
     except Exception:
         if pool is not None:
