@@ -320,6 +320,16 @@ def main(args: list[str] | None = None) -> None:
         )
     except _SETUP_ERRORS as error:  # their messages name the cause and the fix: no traceback needed
         raise SystemExit(f"rlcode: {error}") from None
+    finally:
+        _finish_wandb()
+
+
+def _finish_wandb() -> None:
+    """End the W&B run with the command (Lightning leaves it open): its files are complete, and a
+    next fit in the same process (a notebook, a test) opens its own run instead of reusing this one."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.run.finish()
 
 
 if __name__ == "__main__":

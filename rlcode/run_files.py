@@ -30,8 +30,10 @@ class _KeepingWriter(ExperimentWriter):
 
     def _check_log_dir_exists(self) -> None:
         path = Path(self.metrics_file_path)
-        if self.resume_step is None or not path.is_file():
-            return super()._check_log_dir_exists()
+        if not path.is_file():
+            return  # (Lightning warns about any file in the folder; run.json is always there first)
+        if self.resume_step is None:
+            return path.unlink()  # a fresh run in a used folder: as Lightning does
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
             keys, rows = list(reader.fieldnames or []), list(reader)
