@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from callbacks import (GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary, StepCheckpoint,
-                       TrainingPlots)  # noqa: E402
+                       StepProgressBar, TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
@@ -115,6 +115,8 @@ class RLCodeCLI(LightningCLI):
         # summary itself prints at fit end, after every train-end hook.
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        if trainer_config.get("enable_progress_bar") is not False:
+            callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
 
 
