@@ -139,6 +139,16 @@ def test_resume_parts_round_trip_through_a_checkpoint():
     assert (random.random(), float(torch.rand(()))) == expected
 
 
+def test_each_rank_takes_back_its_own_generator_states():
+    """Under DDP the checkpoint holds every rank's RNG states (gathered when saving); rank r restores
+    entry r, and a checkpoint of fewer ranks falls back to rank zero's."""
+    from rlcode.algorithms.resume_state import own_rng_states
+
+    entry = {"rng_by_rank": [{"rank": 0}, {"rank": 1}]}
+    assert own_rng_states(entry, 1) == {"rank": 1}
+    assert own_rng_states(entry, 3) == {"rank": 0}
+
+
 if __name__ == "__main__":
     root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(1)  # the same arithmetic in every run (and room for the sandbox worker)

@@ -6,8 +6,8 @@ them (``seed_everything``) and anything random after step k (a user's reward tha
 an estimator that shuffles) diverges from the run that was never stopped. This module adds, under
 ``checkpoint["rlcode_resume"]``:
 
-- the RNG states of python, numpy, torch (CPU and every CUDA device), taken when the checkpoint is
-  written, i.e. between two steps;
+- the RNG states of python, numpy, torch (CPU and every CUDA device) of every rank, taken when the
+  checkpoint is written, i.e. between two steps;
 - the state of every *resume part* of the module: ``module.resume_parts`` maps a name to an object
   with ``state_dict()`` / ``load_state_dict()``. The reward mixture is one (reward functions with
   state, e.g. a curriculum, keep it); an advantage estimator with running per-role baselines joins
@@ -61,9 +61,25 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 def capture(parts: dict[str, Stateful]) -> dict[str, Any]:
-    """The checkpoint entry: RNG states now, and each part's state."""
-    return {"rng": rng_states(),
+    """The checkpoint entry: every rank's RNG states now, and each part's state.
+
+    Every rank builds the checkpoint (rank zero alone writes it), so under DDP the ranks' generator
+    states are gathered here, one collective per save, and each rank later takes back its own.
+    """
+    states = rng_states()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, states)
+    else:
+        gathered = [states]
+    return {"rng_by_rank": gathered,
             "parts": {name: part.state_dict() for name, part in parts.items() if part is not None}}
+
+
+def own_rng_states(entry: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This rank's saved states (rank zero's when the checkpoint came from fewer ranks)."""
+    by_rank = entry["rng_by_rank"]
+    return by_rank[rank] if rank < len(by_rank) else by_rank[0]
 
 
 def restore_parts(entry: dict[str, Any], parts: dict[str, Stateful]) -> None:
@@ -104,4 +120,4 @@ class ExactResume:
         if self._pending_resume is not None:
             entry, self._pending_resume = self._pending_resume, None
             restore_parts(entry, self._all_resume_parts())
-            set_rng_states(entry["rng"])
+            set_rng_states(own_rng_states(entry, getattr(self, "global_rank", 0)))
