@@ -1,7 +1,8 @@
-"""Callbacks that observe a GRPO run: MBPP eval, step metrics, rollout samples, plots, checkpoints,
-graceful shutdown and the end-of-run summary. They read the module's ``last_step`` record."""
+"""Callbacks that observe a run: MBPP eval, game eval (SPIRAL), step metrics, rollout samples, plots,
+checkpoints, graceful shutdown and the end-of-run summary. They read the module's ``last_step`` record."""
 
 from callbacks.checkpointing import StepCheckpoint
+from callbacks.game_eval import GameEval
 from callbacks.mbpp_eval import MBPPEval
 from callbacks.metrics import GRPOMetrics
 from callbacks.plots import TrainingPlots
@@ -10,5 +11,5 @@ from callbacks.rollout_logging import RolloutLogging
 from callbacks.shutdown import GracefulShutdown
 from callbacks.summary import RunSummary
 
-__all__ = ["GRPOMetrics", "GracefulShutdown", "MBPPEval", "RolloutLogging", "RunSummary", "StepCheckpoint",
+__all__ = ["GameEval", "GRPOMetrics", "GracefulShutdown", "MBPPEval", "RolloutLogging", "RunSummary", "StepCheckpoint",
            "StepProgressBar", "TrainingPlots"]

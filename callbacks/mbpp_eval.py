@@ -87,7 +87,7 @@ class MBPPEval(L.Callback):
         step = trainer.global_step
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
             self.evaluate(trainer, pl_module)
-        if self.history:
+        if self.history and self.history[-1].get("pass_rate") is not None:
             pl_module.log("pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
                           batch_size=1)
 
@@ -101,8 +101,10 @@ class MBPPEval(L.Callback):
             self._pool = None
 
     # ---- what --------------------------------------------------------------------------------
-    def evaluate(self, trainer, pl_module) -> EvalReport:
+    def evaluate(self, trainer, pl_module) -> EvalReport | None:
         datamodule = trainer.datamodule
+        if not hasattr(datamodule, "eval_tasks"):
+            return None  # not an MBPP mode (e.g. SPIRAL games: see callbacks/game_eval.py)
         tasks = datamodule.eval_tasks(self.effective_num_questions)
         from rlcode.data.prompts import build_prompt
 

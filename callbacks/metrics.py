@@ -39,6 +39,7 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     metrics.update({f"reward/{key}": value for key, value in record.reward_metrics.items()})
     metrics.update({f"loss/{key}": value for key, value in record.loss.items()})
     metrics.update({f"perf/{key}_s": value for key, value in record.timings.items()})
+    metrics.update(record.extra_metrics)
     return metrics
 
 

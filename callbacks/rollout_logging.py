@@ -53,13 +53,14 @@ class RolloutLogging(L.Callback):
         record: StepRecord | None = getattr(pl_module, "last_step", None)
         if record is None or not self.every_n_steps or record.step % self.every_n_steps or not trainer.is_global_zero:
             return
-        rows = sample_rows(record, self.samples_per_step)
+        # Multi-turn modes: whole episodes (every turn's player, observation, reply and move).
+        rows = record.episodes[:self.samples_per_step] if record.episodes else sample_rows(record, self.samples_per_step)
         path = run_dir(trainer) / "rollouts.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
             for row in rows:
-                handle.write(json.dumps(row) + "\n")
+                handle.write(json.dumps({"step": record.step, **row} if record.episodes else row) + "\n")
         for logger in trainer.loggers:
-            if hasattr(logger, "log_table"):  # WandbLogger
+            if hasattr(logger, "log_table") and not record.episodes:  # WandbLogger
                 logger.log_table(key="rollouts", columns=list(COLUMNS),
                                  data=[[row[c] for c in COLUMNS] for row in rows], step=record.step)

@@ -12,7 +12,8 @@ from callbacks.run_dir import run_dir
 
 
 def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
-              checkpoint: str | None, plot: str | None, interrupted: str | None = None) -> str:
+              checkpoint: str | None, plot: str | None, interrupted: str | None = None,
+              game_evals: list[dict] | None = None) -> str:
     """The summary text (pure, so it can be tested without a trainer)."""
     lines = [f"rlcode fit {'stopped by ' + interrupted if interrupted else 'finished'}: {steps} optimizer steps "
              f"in {_duration(seconds)}"]
@@ -30,6 +31,7 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
         before, after = evals[0], evals[-1]
         lines.append(f"  MBPP pass rate ({after.get('num_questions', '?')} problems): {before['pass_rate']:.2f} at "
                      f"step {before['step']} -> {after['pass_rate']:.2f} at step {after['step']}")
+    lines.extend(_game_lines(game_evals or []))
     lines.append(f"  run dir:    {run}")
     if checkpoint:
         lines.append(f"  checkpoint: {checkpoint}")
@@ -38,6 +40,26 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
     if plot:
         lines.append(f"  plot:       {plot}")
     return "\n".join(lines)
+
+
+def _game_lines(game_evals: list[dict]) -> list[str]:
+    """Per game, win and invalid-move rates against a random mover, first eval -> last."""
+    if not game_evals:
+        return []
+    before, after = game_evals[0], game_evals[-1]
+    games = sorted({key.split("/")[1] for key in after if key.startswith("spiral/") and key.endswith("/win_rate")})
+    return [f"  {game} vs random: win {before.get(f'spiral/{game}/win_rate', math.nan):.2f} -> "
+            f"{after[f'spiral/{game}/win_rate']:.2f}, invalid moves "
+            f"{before.get(f'spiral/{game}/invalid_move_rate', math.nan):.2f} -> "
+            f"{after[f'spiral/{game}/invalid_move_rate']:.2f} (step {before['step']} -> {after['step']})"
+            for game in games]
+
+
+def game_banner(model: str, games: list[str], steps: int, episodes_per_step: int, opponent: str, run: str) -> str:
+    """The header of a self-play run."""
+    rule = "=" * 60
+    return "\n".join(["rlcode SPIRAL", rule, f"Model: {model}", f"Games: {', '.join(games)}", f"Steps: {steps}",
+                      f"Batch: {episodes_per_step} episodes, opponent: {opponent}", f"Run dir: {run}", rule])
 
 
 def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, prompts_per_step: int,
@@ -74,6 +96,11 @@ class RunSummary(L.Callback):
         from callbacks.mbpp_eval import MBPPEval
 
         hp, data = pl_module.hparams, trainer.datamodule
+        if hasattr(data, "games"):
+            print(game_banner(model=hp.model_name, games=data.games, steps=trainer.max_steps,
+                              episodes_per_step=data.episodes_per_step, opponent=hp.get("opponent", "self"),
+                              run=str(run_dir(trainer))), flush=True)
+            return
         evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
         print(banner(model=hp.model_name, train_tasks=len(getattr(data, "train_tasks", [])),
                      eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
@@ -90,7 +117,10 @@ class RunSummary(L.Callback):
         def find(kind):
             return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
 
+        from callbacks.game_eval import GameEval
+
         metrics, evals, plots, shutdown = find(GRPOMetrics), find(MBPPEval), find(TrainingPlots), find(GracefulShutdown)
+        games = find(GameEval)
         checkpoint = trainer.checkpoint_callback
         last = None
         if checkpoint is not None:
@@ -99,5 +129,5 @@ class RunSummary(L.Callback):
             steps=trainer.global_step, seconds=time.perf_counter() - self._started,
             rewards=metrics.history if metrics else [], evals=evals.history if evals else [],
             run=str(run_dir(trainer)), checkpoint=last, plot=str(plots.path) if plots and plots.path else None,
-            interrupted=shutdown.requested if shutdown else None)
+            interrupted=shutdown.requested if shutdown else None, game_evals=games.history if games else [])
         print("\n" + self.text, flush=True)

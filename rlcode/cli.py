@@ -34,10 +34,11 @@ from typing import Any, Literal
 # threads, 0.35 s with 2 passive ones, 0.15 s with 1. On an idle machine passive waiting costs little.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import lightning as L  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from callbacks import (GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary, StepCheckpoint,
-                       StepProgressBar, TrainingPlots)  # noqa: E402
+from callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
+                       StepCheckpoint, StepProgressBar, TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
@@ -75,11 +76,16 @@ class RunSettings:
 class RLCodeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
+        # The training mode is the model's class (GRPO, or a subclass such as SPIRAL) and the data's
+        # (MBPP prompts, or games); configs that name neither get GRPO on MBPP.
+        parser.set_defaults({"model": {"class_path": "rlcode.algorithms.grpo.GRPO"},
+                             "data": {"class_path": "rlcode.data.datamodule.MBPPDataModule"}})
         parser.add_lightning_class_args(MBPPEval, "eval")
+        parser.add_lightning_class_args(GameEval, "game_eval")
         parser.add_lightning_class_args(RolloutLogging, "rollout_log")
         parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
         # One precision knob: the trainer's decides the dtype the model's weights load in.
-        parser.link_arguments("trainer.precision", "model.precision", compute_fn=_weight_precision)
+        parser.link_arguments("trainer.precision", "model.init_args.precision", compute_fn=_weight_precision)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -131,8 +137,10 @@ def _choose_precision(config) -> None:
     if chosen is None:
         chosen, how = default_precision(info), "chosen for this hardware"
         config["trainer"]["precision"] = chosen
-        if "precision" in config.get("model", {}):
-            config["model"]["precision"] = _weight_precision(chosen)
+        model = config.get("model") or {}
+        settings = model["init_args"] if "init_args" in model else model  # subclass mode: under init_args
+        if "precision" in settings:
+            settings["precision"] = _weight_precision(chosen)
     print(f"platform: {info.describe()}; precision {chosen} ({how})", flush=True)
 
 
@@ -311,7 +319,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         RLCodeCLI(
             GRPO,
-            MBPPDataModule,
+            L.LightningDataModule,  # MBPPDataModule by default; GameDataModule for SPIRAL
+            subclass_mode_model=True,
+            subclass_mode_data=True,
             args=args,
             save_config_callback=_SaveConfig,
             save_config_kwargs={"overwrite": True},  # a requeued job rewrites its config instead of crashing

@@ -90,7 +90,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
           "--trainer.max_steps", str(STEPS),
           # a length reward varies between completions, so every step has a gradient to sync
           "--model.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.filter_zero_std_groups", "true",
-          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1",
+          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1", "--data.num_train_tasks", "8",
           "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0"])
 
 
@@ -208,7 +208,50 @@ def test_two_rank_step_equals_one_rank_step_on_the_combined_batch(tmp_path):
     assert_same_gradients(two["gradients"], one["gradients"], tolerance=1e-6)
 
 
+def _run_spiral_rank(out_dir: Path) -> None:
+    """SPIRAL self-play on 2 ranks: each rank writes its role baselines and the games it played."""
+    import torch
+
+    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.cli import main
+
+    def on_train_end(self):
+        record = {"baselines": self.baselines.state_dict()["values"], "games": self.last_step.task_ids,
+                  "global_step": self.trainer.global_step}
+        (out_dir / f"spiral_rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
+
+    SPIRAL.on_train_end = on_train_end
+    torch.set_num_threads(1)
+    strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"process_group_backend": "gloo"}}
+    main(["fit", "--config", str(REPO / "configs/spiral_tictactoe.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+          "--run.root_dir", str(out_dir / "runs"), "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
+          "--model.opponent", "random", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+
+
+def test_spiral_role_baselines_agree_across_ranks(tmp_path):
+    """RAE under DDP: each rank plays its own games, the baselines fold every rank's returns in rank
+    order, so both ranks hold the same baselines (and a checkpoint of rank 0 resumes every rank)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, str(Path(__file__)), str(tmp_path), "spiral"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"spiral_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
+    assert ranks[0]["baselines"] and ranks[0]["baselines"] == ranks[1]["baselines"]
+    # The random model loses every game by an invalid move (-1.5). Seats alternate over each rank's 4
+    # episodes per step: 2 ranks x 2 steps x 2 = 8 returns per role folded in (4 if each rank kept
+    # only its own).
+    for role in (0, 1):
+        assert ranks[0]["baselines"][f"TicTacToe-v0/{role}"] == pytest.approx(-1.5 * (1 - 0.95**8))
+
+
 if __name__ == "__main__":
+    if sys.argv[2] == "spiral":
+        _run_spiral_rank(Path(sys.argv[1]))
+        sys.exit(0)
     if sys.argv[2] == "equivalence":
         _run_equivalence(Path(sys.argv[1]), int(sys.argv[3]))
         sys.exit(0)

@@ -133,12 +133,14 @@ def group_advantages(
         else:
             std = _nanstd(rewards) if rewards.numel() > 1 else torch.zeros((), device=rewards.device)
         advantages = advantages / (std + eps)
-    # An unscorable completion (NaN reward) must not move the policy.
-    advantages = torch.nan_to_num(advantages, nan=0.0)
+    # An unscorable completion (NaN reward) must not move the policy; a group without signal gets
+    # exactly 0 (float noise in its mean would otherwise leave ~1e-5 / eps), so it can be skipped.
+    flat = zero_std_group_mask(rewards, group_size)
+    advantages = torch.nan_to_num(advantages, nan=0.0).masked_fill(flat, 0.0)
 
     stats = AdvantageStats(
         reward_mean=torch.nanmean(rewards),
         reward_std=_nanstd(rewards),
-        frac_reward_zero_std=zero_std_group_mask(rewards, group_size).float().mean(),
+        frac_reward_zero_std=flat.float().mean(),
     )
     return advantages, stats

@@ -6,9 +6,6 @@ Every rank needs the same answers to:
   rank, so a rank's gradient is its share of the loss of the combined batch;
 - the reward std over all ranks, for ``scale_rewards="batch"`` (TRL gathers the rewards of every
   process before scaling);
-- "is there anything to learn from in this step?" (a rank that skips its backward while another
-  syncs gradients hangs DDP): the number of rows any rank trains on.
-
 Also the reward mean and the share of zero-std groups over all ranks, logged beside rank zero's own.
 On one device the totals are this rank's, without a collective.
 """
@@ -33,8 +30,6 @@ class AllRanksTotals:
     world_size: int
     loss: LossTotals
     """Completions and loss tokens (after truncation masking) of the step: the loss normalisers."""
-    trained_rows: float
-    """Rows that go through the backward pass (all, or those with signal when filtering)."""
     mean_reward: float
     reward_std: float
     """Bessel std of every rank's rewards, NaN left out (NaN when fewer than two)."""
@@ -48,9 +43,8 @@ class AllRanksTotals:
                 "frac_reward_zero_std_all_ranks": self.frac_reward_zero_std}
 
 
-def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, trained_rows: Tensor,
-                   frac_zero_std: Tensor) -> AllRanksTotals:
-    """rewards [N] (NaN: unscored), loss_mask [N, T], trained_rows and frac_zero_std 0-d -> totals."""
+def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, frac_zero_std: Tensor) -> AllRanksTotals:
+    """rewards [N] (NaN: unscored), loss_mask [N, T], frac_zero_std 0-d -> totals over every rank."""
     import torch
 
     scored = rewards[~rewards.isnan()].double()  # float64: the sum of squares must not cancel
@@ -60,13 +54,13 @@ def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, train
         return torch.as_tensor(value, dtype=torch.float64, device=device).reshape(())
 
     local = torch.stack([scored.sum(), (scored * scored).sum(), scalar(scored.numel()), scalar(frac_zero_std),
-                         scalar(loss_mask.sum()), scalar(loss_mask.size(0)), scalar(trained_rows)])
+                         scalar(loss_mask.sum()), scalar(loss_mask.size(0))])
     world_size = trainer.world_size
     summed = trainer.strategy.reduce(local.clone(), reduce_op="sum") if world_size > 1 else local
-    reward_sum, reward_squares, count, frac_zero_std_sum, tokens, sequences, rows = summed.tolist()  # one sync
+    reward_sum, reward_squares, count, frac_zero_std_sum, tokens, sequences = summed.tolist()  # one sync
     variance = (reward_squares - reward_sum**2 / count) / (count - 1) if count > 1 else math.nan
     return AllRanksTotals(
-        world_size=world_size, loss=LossTotals(tokens=tokens, sequences=sequences), trained_rows=rows,
+        world_size=world_size, loss=LossTotals(tokens=tokens, sequences=sequences),
         mean_reward=reward_sum / count if count else math.nan, reward_std=math.sqrt(max(variance, 0.0)),
         frac_reward_zero_std=frac_zero_std_sum / world_size,
     )

@@ -39,9 +39,11 @@ from rlcode.algorithms.policy_update import update_policy
 from rlcode.algorithms.resume_state import ExactResume
 from rlcode.algorithms.reward_mixture import RewardMixture
 from rlcode.algorithms.sequence_logps import batched_completion_logps
+from rlcode.algorithms.experience import CompletionGroups, repeat_each
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings, Quantization
 from rlcode.rollout.backends import build_backend
+from rlcode.rollout.vllm_engine import VLLMSettings
 
 if TYPE_CHECKING:
     from rlcode.data.datamodule import PromptBatch
@@ -70,7 +72,7 @@ class GRPO(ExactResume, L.LightningModule):
         top_k: int = 0,
         stop: list[str] | None = None,
         rollout_backend: Literal["hf", "vllm"] = "hf",
-        vllm_gpu_memory_utilization: float = 0.3,
+        vllm: VLLMSettings | None = None,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -113,8 +115,9 @@ class GRPO(ExactResume, L.LightningModule):
             stop: strings that end a completion early (None: those of the data's prompt format,
                 the closing code fence for chat, ``[DONE]`` for the MBPP paper's plain format).
             rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
-                same GPU, weights synced after every optimizer step).
-            vllm_gpu_memory_utilization: share of GPU memory the vLLM engine may take.
+                same GPU, given the weights before a generate whenever they changed).
+            vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
+                see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -195,7 +198,7 @@ class GRPO(ExactResume, L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm_gpu_memory_utilization=hp.vllm_gpu_memory_utilization)
+                                     vllm=hp.vllm, seed=hp.generation_seed)
 
     def sandbox_workers(self) -> int:
         """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
@@ -217,10 +220,14 @@ class GRPO(ExactResume, L.LightningModule):
         """The trainer's precision string when attached (it decides autocast), else ``precision``."""
         return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
 
-    def _sync_rollout_weights(self) -> None:
-        # vLLM holds its own copy of the weights: rollouts must come from the current policy.
-        if callable(getattr(self.backend, "sync_weights", None)):
-            self.backend.sync_weights(self.policy)
+    def _weights_changed(self) -> None:
+        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
+        if callable(getattr(self.backend, "weights_changed", None)):
+            self.backend.weights_changed()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)  # ExactResume: RNG and reward state, back at the first step
+        self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
@@ -253,43 +260,30 @@ class GRPO(ExactResume, L.LightningModule):
         if self._reference is not None:
             self._reference.to(self.device)
 
-    def on_train_start(self) -> None:
-        self._sync_rollout_weights()  # a resumed run's weights came from the checkpoint
-
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 
-    # ---- one GRPO iteration -----------------------------------------------------------------
+    # ---- one RL step ---------------------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         hp, timings = self.hparams, {}
         step, step_started = self.global_step, time.perf_counter()
-        group = hp.num_generations
-        prompts = [self.render(p) for p in batch["prompt"]]
 
-        with timed(timings, "generation"):
-            # N = prompts x G rows, prompt-major, tensors on the policy's device
-            rollout = self.generate(prompts, group, temperature=hp.temperature, seed=self._sampling_seed())
-
-        columns = {name: _repeat_each(batch[name], group) for name in REWARD_COLUMNS if name in batch}
-        columns["step"] = self.global_step  # tags the sandbox executions of this step
-        reward_job = self.rewards.start(_repeat_each(prompts, group), rollout.completion_texts, **columns)
-
+        with timed(timings, "generation"):  # rows to train on; their rewards start computing
+            experience = self.collect(batch)
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
-            ref_logps = self._reference_logps(rollout) if hp.beta != 0.0 else None
-
+            ref_logps = self._reference_logps(experience.rollout) if hp.beta != 0.0 else None
         with timed(timings, "rewards_wait"):
-            outcome = reward_job.result()
-        rewards = torch.tensor(outcome.total, dtype=torch.float32, device=self.device)
+            rewards = experience.rewards(self.device)  # [N], NaN = unscored
+
+        rollout = experience.rollout
         loss_mask = mask_truncated(rollout.completion_mask, rollout.truncated) \
             if hp.mask_truncated_completions else rollout.completion_mask
-        zero_std = zero_std_group_mask(rewards, group)  # [N]: rows whose group has no signal
-        rows = self._rows_to_train(zero_std)
-        totals = sum_over_ranks(self.trainer, rewards, loss_mask, len(rows), zero_std.float().mean())  # one collective
-        advantages, stats = group_advantages(rewards, group, hp.scale_rewards, batch_std=totals.reward_std)
-        # Decided on every rank's rows: under DDP a rank that skipped its backward while another
-        # synced gradients would hang the run.
-        update = not hp.dry_run and totals.trained_rows > 0 and totals.loss.tokens > 0
+        flat = self.flat_rows(experience, rewards)  # [N] rows without a learning signal
+        totals = sum_over_ranks(self.trainer, rewards, loss_mask, flat.float().mean())  # the step's one collective
+        advantages = self.advantages(experience, rewards, totals)
+        rows = self._rows_to_train(advantages)
+        update = not hp.dry_run and totals.loss.tokens > 0 and self._any_rank(len(rows) > 0)
 
         with timed(timings, "update"):
             loss_parts = update_policy(self, rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
@@ -297,29 +291,51 @@ class GRPO(ExactResume, L.LightningModule):
             count_step_without_update(self.optimizers())
 
         timings["step"] = time.perf_counter() - step_started
-        timings["rewards"] = outcome.seconds
-        self.last_step = StepRecord(
-            step=step, group_size=group,
-            task_ids=list(batch["task_id"]), prompts=prompts, completions=list(rollout.completion_texts),
-            rewards=outcome.total, rewards_by_function=outcome.by_function, details=outcome.details,
-            advantages=advantages.tolist(), completion_lengths=rollout.completion_mask.sum(1).long().tolist(),
-            truncated=rollout.truncated.tolist(), frac_reward_zero_std=float(stats.frac_reward_zero_std),
-            updated=update, loss=loss_parts, reward_metrics={**outcome.metrics, **totals.metrics()},
-            timings=timings,
-        )
+        self.last_step = experience.record(step=step, advantages=advantages, updated=update, loss=loss_parts,
+                                           totals=totals, frac_zero_std=float(flat.float().mean()), timings=timings)
 
-    def _rows_to_train(self, zero_std):
-        """Indices of the completions that go through the backward pass.
+    # ---- the stages a training mode defines ---------------------------------------------------
+    def collect(self, batch: PromptBatch) -> CompletionGroups:
+        """G completions per MBPP prompt (prompt-major), their rewards started in the sandbox."""
+        group = self.hparams.num_generations
+        prompts = [self.render(p) for p in batch["prompt"]]
+        rollout = self.generate(prompts, group, temperature=self.hparams.temperature, seed=self._sampling_seed())
+        columns = {name: repeat_each(batch[name], group) for name in REWARD_COLUMNS if name in batch}
+        columns["step"] = self.global_step  # tags the sandbox executions of this step
+        job = self.rewards.start(repeat_each(prompts, group), rollout.completion_texts, **columns)
+        return CompletionGroups(rollout, prompts, list(batch["task_id"]), group, job)
 
-        ``filter_zero_std_groups`` is a pure speed-up: a group whose rewards are all equal has
-        advantage 0, so its surrogate and gradient are exactly 0 and skipping it changes nothing
-        (the loss normalisers still count every completion). With ``beta > 0`` its KL term does
-        have a gradient, so then every row is trained. The one visible difference: when no row of
-        any rank has signal, the optimizer is not stepped at all (no weight decay, no momentum).
+    def flat_rows(self, experience, rewards):
+        """[N] bool: rows whose group's rewards are all equal (no signal; logged, and skippable)."""
+        return zero_std_group_mask(rewards, self.hparams.num_generations)
+
+    def advantages(self, experience, rewards, totals):
+        """[N] group-relative advantages (``scale_rewards="batch"``: the std of every rank's rewards)."""
+        advantages, _ = group_advantages(rewards, self.hparams.num_generations, self.hparams.scale_rewards,
+                                         batch_std=totals.reward_std)
+        return advantages
+
+    def _any_rank(self, decision: bool) -> bool:
+        # Under DDP a rank that skipped its backward while another synced gradients would hang the run.
+        if self.trainer.world_size == 1:
+            return decision
+        return self.trainer.strategy.reduce_boolean_decision(decision, all=False)
+
+    def _rows_to_train(self, advantages):
+        """Indices of the rows that go through the backward pass.
+
+        Skipping rows with advantage exactly 0 (``filter_zero_std_groups``: a group whose rewards
+        are all equal gets advantage 0) is a pure speed-up: their surrogate and its gradient are 0,
+        and the loss normalisers still count every row. With ``beta > 0`` their KL term has a
+        gradient, so then every row is trained. The one visible difference: when no row of any rank
+        has signal, the optimizer is not stepped at all (no weight decay, no momentum).
         """
-        if self.hparams.filter_zero_std_groups and self.hparams.beta == 0.0:
-            return (~zero_std).nonzero().flatten()
-        return torch.arange(zero_std.numel(), device=zero_std.device)
+        if self._skips_zero_advantage() and self.hparams.beta == 0.0:
+            return (advantages != 0).nonzero().flatten()
+        return torch.arange(advantages.numel(), device=advantages.device)
+
+    def _skips_zero_advantage(self) -> bool:
+        return self.hparams.filter_zero_std_groups
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -345,6 +361,7 @@ class GRPO(ExactResume, L.LightningModule):
         count = len(problems)
         self.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
+
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
@@ -397,7 +414,3 @@ class GRPO(ExactResume, L.LightningModule):
             trainable = {n for n, p in self.named_parameters() if p.requires_grad}
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
-
-def _repeat_each(values: list, times: int) -> list:
-    """[a, b] -> [a, a, b, b] for times=2: one entry per completion, prompt-major."""
-    return [value for value in values for _ in range(times)]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlcode.algorithms.gradient_sync import no_gradient_sync
+from rlcode.algorithms.importance_correction import corrected_advantages, truncated_importance_weights, weight_metrics
 from rlcode.algorithms.losses import LossTotals, policy_loss
 from rlcode.algorithms.optimizer_steps import update
 from rlcode.algorithms.sequence_logps import completion_logps
@@ -41,6 +42,11 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
     contributes = len(rows) > 0
     micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=module.device)]
     old_logps = torch.zeros_like(loss_mask, dtype=torch.float32) if hp.num_iterations > 1 else None
+    # A sampler that is not the policy (vLLM): TRL's truncated importance weights of each token, from
+    # the first pass's log-probs (the policy at sampling time) against the sampler's.
+    cap = getattr(module.backend, "importance_sampling_cap", None)
+    weights = torch.ones_like(loss_mask, dtype=torch.float32) \
+        if rollout.sampling_logps is not None and cap is not None else None
     parts_sum: dict[str, Any] = {}
     for iteration in range(hp.num_iterations):
         for position, index in enumerate(micro_batches):
@@ -49,8 +55,13 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
                                      hp.temperature)
             if iteration == 0 and old_logps is not None:
                 old_logps[index] = logps.detach()
+            if iteration == 0 and weights is not None:
+                weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
+                                                              loss_mask[index], cap)
+            row_advantages = advantages[index] if weights is None else \
+                corrected_advantages(advantages[index], weights[index])  # [b] or [b, T]
             loss, parts = policy_loss(
-                logps, advantages[index], loss_mask[index],
+                logps, row_advantages, loss_mask[index],
                 None if iteration == 0 else old_logps[index],
                 None if ref_logps is None else ref_logps[index],
                 loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
@@ -63,14 +74,16 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
             if contributes:
                 _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
         update(optimizer, counted=iteration == hp.num_iterations - 1)
-    module._sync_rollout_weights()
+    module._weights_changed()
     if not contributes:
         return {}
     # Loss shares add up to the step's loss; the other parts are means over micro-batches.
     passes = hp.num_iterations
-    return {key: float(value) / (passes if key in ("loss", "policy_loss") else passes * len(micro_batches))
-            for key, value in parts_sum.items()}
-
+    parts = {key: float(value) / (passes if key in ("loss", "policy_loss") else passes * len(micro_batches))
+             for key, value in parts_sum.items()}
+    if weights is not None:
+        parts.update(weight_metrics(weights[rows], loss_mask[rows], cap))
+    return parts
 
 def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
     """Add detached 0-d tensors on the device: no host sync per micro-batch."""

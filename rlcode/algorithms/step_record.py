@@ -43,6 +43,10 @@ class StepRecord:
     reward_metrics: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds: generation, rewards_wait, logps, update, step."""
+    episodes: list[dict] = field(default_factory=list)
+    """Multi-turn modes: every episode of the step, whole (rollout logs keep games, not rows)."""
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+    """Mode-specific scalars, logged under their own names (e.g. ``spiral/TicTacToe-v0/...``)."""
 
     @property
     def mean_reward(self) -> float:

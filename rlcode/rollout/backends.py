@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from rlcode.rollout.vllm_engine import VLLMSettings
 
 BackendName = Literal["hf", "vllm"]
 
 
 def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
-                  vllm_gpu_memory_utilization: float = 0.3):
+                  vllm: VLLMSettings | dict | None = None, seed: int = 0):
     """"hf": ``generate`` on the policy in this process; "vllm": an engine holding its own weights
-    (synced from the policy after each optimizer step through ``sync_weights``)."""
+    (told of weight changes through ``weights_changed()``, pushed before its next generate).
+
+    ``vllm`` (settings or their dict, as hyperparameters restored from a checkpoint hold them) and
+    ``seed`` (the engine's base seed) only matter for "vllm".
+    """
     if name == "hf":
         from rlcode.rollout.hf_backend import HFGenerateBackend
 
@@ -18,6 +25,8 @@ def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
     if name == "vllm":
         from rlcode.models import resolve_model_source
         from rlcode.rollout.vllm_backend import VLLMBackend
+        from rlcode.rollout.vllm_engine import VLLMSettings
 
-        return VLLMBackend(resolve_model_source(model_name), gpu_memory_utilization=vllm_gpu_memory_utilization)
+        settings = VLLMSettings(**vllm) if isinstance(vllm, dict) else vllm
+        return VLLMBackend(policy, tokenizer, resolve_model_source(model_name), settings=settings, seed=seed)
     raise ValueError(f"rollout_backend={name!r} is unknown: use 'hf' or 'vllm'")

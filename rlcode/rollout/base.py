@@ -67,6 +67,9 @@ class RolloutBatch:
         completion_texts: N decoded completions, without special tokens, cut after a stop string.
         truncated: [N] bool, True when the row hit max_new_tokens without EOS or a stop string.
         num_generated_tokens: total of completion_mask (tokens that count for throughput).
+        sampling_logps: [N, T] float32 log-probs the sampler gave the sampled tokens (0 on
+            padding, NaN where it gave none), or None. Only engines whose sampler may differ from
+            the policy (vLLM) return them, for the importance-sampling correction.
     """
 
     prompt_ids: torch.Tensor
@@ -76,6 +79,7 @@ class RolloutBatch:
     completion_texts: list[str]
     truncated: torch.Tensor
     num_generated_tokens: int
+    sampling_logps: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion_texts)

@@ -53,7 +53,7 @@ class HFGenerateBackend:
             raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else _default_eos_ids(model, tokenizer)))
+        self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else default_eos_token_ids(model, tokenizer)))
         if not self.eos_token_ids:
             raise ValueError("No EOS token id found on the tokenizer or the model: pass eos_token_ids.")
         self.add_special_tokens = add_special_tokens
@@ -169,7 +169,8 @@ class HFGenerateBackend:
         return output.logits[:, -1, :]
 
 
-def _default_eos_ids(model, tokenizer) -> list[int]:
+def default_eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's eos plus the model's generation_config eos ids (every backend stops on these)."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if isinstance(configured, int):

@@ -1,60 +1,101 @@
-"""Rollouts with vLLM, colocated with the trainer on the same GPU.
+"""Rollouts with vLLM colocated with the trainer on the same GPU, the way TRL 1.16's colocate mode does.
 
-Not exercised on this CPU-only project machine: the mapping of parameters and outputs is unit-tested
-against a stand-in `vllm` module; the engine calls follow vLLM's offline `LLM` API (0.6 - 0.10).
+Written against vLLM 0.33's V1 engine and offline ``LLM`` API (``vllm>=0.33.0,<0.34``), read from its
+source, and TRL 1.16's ``VLLMGeneration``. vLLM needs CUDA, so on the project's CPU machines only a
+stand-in ``vllm`` module exercises this code (tests/test_vllm_backend.py): the engine keywords and
+environment, token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the
+sleep/wake order. It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` is the check to run
+there.
+
+One ``generate``:
+
+    build the engine on first use (vllm_engine: in-process, on the trainer's GPU, trainer state kept)
+    -> if the policy changed since the last push, or sleep discarded the weights:
+       wake the weights, stream them in one tensor at a time (vllm_weights), reset the prefix cache
+    -> wake the KV cache -> sample (token-id prompts, one SamplingParams per prompt; vllm_requests)
+    -> sleep level 2 (with ``enable_sleep_mode``)
+
+The trainer says when the weights change through ``weights_changed()`` (engine_weights).
 """
 
 from __future__ import annotations
 
-from rlcode.rollout.assembly import batch_from_token_lists
-from rlcode.rollout.base import RolloutBatch, SamplingParams
+from collections.abc import Sequence
 
-# Where the engine keeps the torch model, across vLLM versions (V0 engine, then V1 in-process).
-_ENGINE_MODEL_PATHS = (
-    "llm_engine.model_executor.driver_worker.model_runner.model",
-    "llm_engine.model_executor.driver_worker.worker.model_runner.model",
+import torch
+
+from rlcode.rollout.base import RolloutBatch, SamplingParams
+from rlcode.rollout.engine_weights import EngineWeights
+from rlcode.rollout.hf_backend import default_eos_token_ids
+from rlcode.rollout.vllm_engine import (
+    TESTED_VLLM_VERSIONS,
+    VLLMSettings,
+    autocast_off,
+    build_engine,
+    engine_model,
+    placement_for,
 )
+from rlcode.rollout.vllm_requests import (
+    plan_requests,
+    prompt_seeds,
+    rollout_from_outputs,
+    sampling_params_per_prompt,
+    token_prompts,
+)
+from rlcode.rollout.vllm_weights import streamed_weights
 
 
 class VLLMBackend:
-    """Generate with a vLLM engine in this process.
+    """Generate with an in-process vLLM engine holding its own copy of the policy's weights.
 
     Args:
-        model_name_or_path: what vLLM loads: a local folder (e.g. from
-            `rlcode.models.resolve_model_source`) or a hub id.
-        gpu_memory_utilization: share of GPU memory vLLM may take for weights and KV cache; the
-            trainer needs the rest.
-        dtype: vLLM weight dtype ("auto", "bfloat16", "float16").
-        max_model_len: longest prompt + completion; None takes the model's limit.
-        enable_prefix_caching: reuse the KV cache of a prompt across its G samples and steps.
-
-    After each optimizer step call `sync_weights(policy)` so rollouts come from the current policy.
+        policy: the trained model (plain or peft LoRA); its weights are pushed into the engine
+            when they changed, and its device decides the engine's GPU.
+        tokenizer: the trainer's tokenizer: prompts are encoded with it (no special tokens added:
+            chat templates contain them) and sent as token ids.
+        model_name_or_path: what vLLM loads at start (the policy's source folder or hub id).
+        settings: engine and memory settings (``VLLMSettings``; None: the defaults).
+        seed: base seed of the engine (plus the rank), used by requests without their own seed.
+        eos_token_ids: ids that end a completion; default: the same set as the HF backend.
     """
 
     def __init__(
         self,
+        policy: torch.nn.Module,
+        tokenizer,
         model_name_or_path: str,
-        gpu_memory_utilization: float = 0.3,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
+        settings: VLLMSettings | None = None,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         try:
             import vllm  # heavy, CUDA-only: imported when this backend is chosen
         except ImportError as error:
             raise ImportError(
-                "The vLLM rollout backend needs vllm, which is not installed: `pip install 'rlcode[vllm]'` "
-                "on a CUDA machine, or use the 'hf' rollout backend."
+                f"The vLLM rollout backend needs vllm{TESTED_VLLM_VERSIONS}, which is not installed: "
+                "`pip install 'rlcode[vllm]'` on a CUDA machine, or use the 'hf' rollout backend."
             ) from error
+        if tokenizer.pad_token_id is None:
+            raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
         self._vllm = vllm
-        self.llm = vllm.LLM(
-            model=model_name_or_path,
-            gpu_memory_utilization=gpu_memory_utilization,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        self.tokenizer = self.llm.get_tokenizer()
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.model_name_or_path = model_name_or_path
+        self.settings = settings if settings is not None else VLLMSettings()
+        self.seed = seed
+        self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None
+                                        else default_eos_token_ids(policy, tokenizer)))
+        self.llm = None  # built at the first generate: outside configure_model's contexts, on the final device
+        self.weights = EngineWeights()
+
+    @property
+    def importance_sampling_cap(self) -> float | None:
+        """The cap of the importance-sampling correction, or None when it is off."""
+        return self.settings.importance_sampling_cap if self.settings.importance_sampling_correction else None
+
+    def weights_changed(self) -> None:
+        """Tell the backend the policy's weights changed; they are pushed before the next generate."""
+        self.weights.policy_changed()
 
     def generate(self, prompts: list[str], num_generations: int, params: SamplingParams) -> RolloutBatch:
         """Sample `num_generations` completions per prompt; rows i*G..i*G+G-1 belong to prompt i."""
@@ -62,65 +103,70 @@ class VLLMBackend:
             raise ValueError("generate() got no prompts.")
         if num_generations < 1:
             raise ValueError(f"num_generations={num_generations} must be at least 1.")
-        outputs = self.llm.generate(prompts, self._sampling_params(num_generations, params), use_tqdm=False)
-        prompt_ids, completion_ids, ended, texts = [], [], [], []
-        for request in outputs:
-            for sample in sorted(request.outputs, key=lambda sample: sample.index):
-                prompt_ids.append(list(request.prompt_token_ids))
-                completion_ids.append(list(sample.token_ids))
-                ended.append(sample.finish_reason == "stop")  # EOS or a stop string; "length" = truncated
-                texts.append(sample.text)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        return batch_from_token_lists(prompt_ids, completion_ids, ended, texts, pad, device="cuda")
+        plan = plan_requests(params, num_generations)
+        prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        self._check_lengths(prompt_ids, params.max_new_tokens)
+        llm = self.engine()
+        self.ensure_current_weights()
+        self._wake_kv_cache()
+        with_logprobs = self.settings.importance_sampling_correction
+        requests = sampling_params_per_prompt(self._vllm, params, plan,
+                                              prompt_seeds(params.seed, len(prompts), num_generations),
+                                              self.eos_token_ids, with_logprobs)
+        with autocast_off():  # the engine runs its own dtypes, not the trainer's mixed precision
+            outputs = llm.generate(token_prompts(prompt_ids), requests, use_tqdm=False)
+        self._sleep()
+        return rollout_from_outputs(outputs, prompt_ids, plan, self.tokenizer.pad_token_id,
+                                    device=_device_of(self.policy), with_logprobs=with_logprobs)
 
-    def _sampling_params(self, num_generations: int, params: SamplingParams):
-        return self._vllm.SamplingParams(
-            n=num_generations,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,  # vLLM's "disabled"
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None,
-            include_stop_str_in_output=True,  # same text as the HF backend: cut after the stop string
-            skip_special_tokens=True,
-            seed=params.seed,
-        )
+    def engine(self):
+        """The engine, built on first use on the policy's GPU."""
+        if self.llm is None:
+            placement = placement_for(_device_of(self.policy))
+            self.llm = build_engine(self._vllm, self.settings, self.model_name_or_path,
+                                    seed=self.seed + placement.rank, placement=placement)
+        return self.llm
 
-    def sync_weights(self, model) -> None:
-        """Copy the policy's current weights into the engine (LoRA adapters merged in)."""
-        engine_model = self._engine_model()
-        engine_model.load_weights(weights=_merged_state_dict(model).items())
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+    def ensure_current_weights(self) -> None:
+        """Push the policy's weights into the engine if they changed since the last push (or slept)."""
+        if not self.weights.stale:
+            return
+        llm = self.engine()
+        if self.weights.weights_asleep:
+            # load_weights would write into unmapped memory (TRL issue 5142): wake the weights first,
+            # after returning the trainer's cached blocks (TRL: avoids an OOM on waking)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            llm.wake_up(tags=["weights"])
+            self.weights.weights_woken()
+        target = engine_model(llm)
+        with torch.no_grad(), autocast_off():
+            for name, tensor in streamed_weights(self.policy):
+                target.load_weights([(name, tensor)])  # one tensor at a time: no second copy of the model
+        llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+        self.weights.pushed()
 
-    def _engine_model(self):
-        for path in _ENGINE_MODEL_PATHS:
-            target = self.llm
-            try:
-                for name in path.split("."):
-                    target = getattr(target, name)
-                return target
-            except AttributeError:
-                continue
-        raise RuntimeError(
-            "This vLLM version hides its model from the trainer process; run it in-process "
-            "(VLLM_ENABLE_V1_MULTIPROCESSING=0) or pin a vllm version where one of "
-            f"{_ENGINE_MODEL_PATHS} exists."
-        )
+    def _wake_kv_cache(self) -> None:
+        if self.weights.kv_cache_asleep:
+            fully_awake = self.llm.wake_up(tags=["kv_cache"])
+            if fully_awake is False:
+                raise RuntimeError("vLLM did not wake fully (weights and KV cache) before generating.")
+            self.weights.kv_cache_woken()
+
+    def _sleep(self) -> None:
+        if self.settings.enable_sleep_mode:
+            self.llm.sleep(level=2)  # frees weights and KV cache for the trainer's step
+            self.weights.slept()
+
+    def _check_lengths(self, prompt_ids: list[list[int]], max_new_tokens: int) -> None:
+        limit = self.settings.max_model_len
+        if limit is None:
+            return
+        longest = max(len(ids) for ids in prompt_ids)
+        if longest + max_new_tokens > limit:
+            raise ValueError(f"A prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds vllm "
+                             f"max_model_len={limit}: raise max_model_len or shorten the prompts or completions.")
 
 
-def _merged_state_dict(model) -> dict:
-    """The plain transformers state dict of a policy; for peft, with adapters merged into the base."""
-    if not hasattr(model, "peft_config"):
-        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    model.merge_adapter()
-    try:
-        merged = {}
-        for name, tensor in model.state_dict().items():
-            if "lora_" in name:
-                continue
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            merged[name] = tensor.detach().clone()
-        return merged
-    finally:
-        model.unmerge_adapter()
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

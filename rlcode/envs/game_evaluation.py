@@ -1,0 +1,47 @@
+"""Games against a random legal mover, from both seats: win, draw, loss and invalid-move rates.
+
+SPIRAL's first measure of a game-playing policy. A game the policy loses by an invalid move counts as
+a loss and as an invalid move; ``win`` means a positive return for the policy's seat.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from rlcode.envs.opponents import RandomLegalMover
+from rlcode.envs.runner import EpisodeRunner
+
+if TYPE_CHECKING:
+    from rlcode.envs.runner import Episode
+
+RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
+
+
+def play_against_random(module, batch: dict, seed: int = 0) -> list[Episode]:
+    """Play ``batch`` (game, seed, seat per episode) with ``module``'s policy against random moves."""
+    envs = [module.make_game(game) for game in batch["game"]]
+    runner = EpisodeRunner(module.render, module.game_generator(module.hparams.eval_temperature),
+                           opponent=RandomLegalMover())
+    return runner.play(envs, batch["seed"], [(seat,) for seat in batch["seat"]], sampling_seed=seed)
+
+
+def outcome_rates(episodes: list[Episode]) -> dict[str, dict[str, float]]:
+    """game -> the four rates over its episodes (the policy's seat in each)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for episode in episodes:
+        seat = episode.learner_seats[0]
+        result = episode.returns.get(seat, 0.0)
+        invalid = any(turn.learner and turn.info.get("valid") is False for turn in episode.turns)
+        tally = counts[episode.game]
+        tally["episodes"] += 1
+        tally["invalid_move_rate"] += invalid
+        tally["win_rate"] += result > 0
+        tally["draw_rate"] += result == 0
+        tally["loss_rate"] += result < 0
+    return {game: {rate: tally[rate] / tally["episodes"] for rate in RATES} for game, tally in counts.items()}
+
+
+def rate_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``spiral/<game>/<rate>`` scalars."""
+    return {f"spiral/{game}/{rate}": value for game, per_game in rates.items() for rate, value in per_game.items()}

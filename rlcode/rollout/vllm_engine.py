@@ -1,0 +1,255 @@
+"""Building a colocated vLLM engine inside the trainer's process, the way TRL 1.16's colocate mode does.
+
+vLLM 0.33 has only its V1 engine. Left to its defaults it runs the model in a separate process
+(``VLLM_ENABLE_V1_MULTIPROCESSING``), where the trainer cannot reach it to load new weights, and every
+DDP rank's engine lands on cuda:0. TRL builds it with ``distributed_executor_backend=
+"external_launcher"``: the engine then runs in-process, one per rank, joining the trainer's
+torch.distributed world through ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` (and ``MASTER_ADDR`` /
+``MASTER_PORT`` when that world does not exist yet). Those variables are set here for the build
+only: left behind, ``LOCAL_RANK`` would make a later Lightning Trainer in the same process believe
+its processes were launched externally.
+
+Building an engine also changes the process it runs in: vLLM seeds Python's, NumPy's and torch's
+global generators, sets the current CUDA device and creates tensors under whatever default dtype
+and device are active (Lightning's ``configure_model`` runs under its own). ``outside_trainer_contexts``
+builds it under plain defaults and puts the trainer's state back afterwards.
+
+Nothing here imports vllm: the caller passes the module in (tests pass a stand-in).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# The vLLM releases this code was written against (read from their source, never run here).
+TESTED_VLLM_VERSIONS = ">=0.33.0,<0.34"
+
+
+@dataclass
+class VLLMSettings:
+    """How the colocated vLLM engine is built and used (``rollout_backend: vllm`` only).
+
+    Args:
+        gpu_memory_utilization: share of the GPU's memory vLLM may take for its weights and KV
+            cache; the trainer needs the rest.
+        max_model_len: longest prompt + completion in tokens. vLLM reserves KV cache for at least
+            one sequence this long, so the model's own limit (None) can cost most of the memory.
+        max_num_seqs: sequences decoded together (None: vLLM's default).
+        max_num_batched_tokens: tokens per engine step; also what vLLM's memory profiler runs
+            with (TRL: 4096; vLLM's larger default misleads its profiler when sharing a GPU).
+        dtype: weight dtype of the engine ("auto": the checkpoint's).
+        enable_prefix_caching: reuse a prompt's KV cache across its G samples.
+        enforce_eager: no CUDA graphs (faster start, slower decoding).
+        enable_sleep_mode: free the engine's GPU memory between generations (level 2 sleep after
+            each generate; the weights are pushed again before the next one).
+        importance_sampling_correction: weight the policy loss by TRL's truncated importance ratio
+            between the trainer's and vLLM's log-probs of the sampled tokens (vLLM samples with
+            its own kernels, usually in bf16, so its distribution is not exactly the policy's).
+        importance_sampling_cap: upper bound of that ratio (TRL's ``vllm_importance_sampling_clip_max``).
+    """
+
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int | None = 4096
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int = 4096
+    dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    enable_sleep_mode: bool = False
+    importance_sampling_correction: bool = True
+    importance_sampling_cap: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]: "
+                             "use e.g. 0.3 to leave the rest to the trainer.")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"vllm {name}={value} must be a positive token/sequence count (or None).")
+        if self.importance_sampling_cap < 1:
+            raise ValueError(f"vllm importance_sampling_cap={self.importance_sampling_cap} is below 1, which "
+                             "would down-weight every token: use TRL's 3.0.")
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where this process's engine goes in the trainer's world.
+
+    local_rank is the index of the trainer's CUDA device: vLLM's worker puts itself on
+    ``cuda:<LOCAL_RANK>``, so this is what makes it share the trainer's GPU (it equals the local
+    rank under Lightning's default device assignment, and stays right with e.g. ``devices=[2, 3]``).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    distributed_ready: bool
+    """True when torch.distributed is already initialized (DDP): vLLM joins that world."""
+
+
+def placement_for(device: torch.device) -> EnginePlacement:
+    """The placement of an engine serving a policy on ``device``, from the trainer's process group."""
+    import torch.distributed as dist
+
+    ready = dist.is_available() and dist.is_initialized()
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if ready else (0, 1)
+    if device.type == "cuda" and device.index is not None:
+        local_rank = device.index
+    elif device.type == "cuda" and torch.cuda.is_available():
+        local_rank = torch.cuda.current_device()
+    else:  # CPU policy: no GPU to share (only the stand-in engine of the tests runs there)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return EnginePlacement(rank=rank, local_rank=local_rank, world_size=world_size, distributed_ready=ready)
+
+
+def launcher_environment(placement: EnginePlacement) -> dict[str, str]:
+    """The variables vLLM's external launcher reads, for this placement."""
+    env = {
+        "RANK": str(placement.rank),
+        "LOCAL_RANK": str(placement.local_rank),
+        "WORLD_SIZE": str(placement.world_size),
+        # In-process engine: its model is reachable for weight loading (external_launcher sets this
+        # too; setting it first keeps it right whatever vLLM cached from the environment).
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
+    if not placement.distributed_ready:
+        # vLLM creates a one-process world through env://; an existing rendezvous is respected.
+        env["MASTER_ADDR"] = os.environ.get("MASTER_ADDR") or "localhost"
+        port = os.environ.get("MASTER_PORT", "").strip().lower()
+        env["MASTER_PORT"] = port if port not in {"", "0", "auto"} else str(_free_port())
+    return env
+
+
+# Left set after the build, as vLLM itself leaves it: later engine calls may read it again.
+_KEPT_AFTER_BUILD = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+
+
+@contextmanager
+def scoped_environment(env: dict[str, str]) -> Iterator[None]:
+    """Set ``env`` for the block, then restore the previous values (except ``_KEPT_AFTER_BUILD``)."""
+    previous = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if name in _KEPT_AFTER_BUILD:
+                continue
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def autocast_off() -> Iterator[None]:
+    """No autocast on CUDA or CPU: the engine runs its own dtypes, not the trainer's mixed precision."""
+    with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+        yield
+
+
+@contextmanager
+def outside_trainer_contexts() -> Iterator[None]:
+    """Run the block under plain torch defaults and undo its effects on the trainer's global state.
+
+    Inside: default dtype float32, default device CPU, no inference mode (engine weights made as
+    inference tensors could never be updated by a weight sync), no autocast. Afterwards: the
+    default dtype, the Python / NumPy / torch (CPU and CUDA) generators and the current CUDA device
+    are what they were before.
+    """
+    default_dtype = torch.get_default_dtype()
+    generators = _generator_states()
+    cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    # A device context is a torch function mode that torch.compile (vLLM compiles its model) would
+    # trace through: only override one that is active, e.g. Lightning's tensor_init_context.
+    device = torch.device("cpu") if torch.get_default_device() != torch.device("cpu") else nullcontext()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with device, torch.inference_mode(False), autocast_off():
+            yield
+    finally:
+        torch.set_default_dtype(default_dtype)
+        _restore_generators(generators)
+        if cuda_device is not None:
+            torch.cuda.set_device(cuda_device)
+
+
+def engine_keywords(settings: VLLMSettings, model_name_or_path: str, seed: int) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for a colocated engine (TRL 1.16's colocate set)."""
+    return {
+        "model": model_name_or_path,
+        "distributed_executor_backend": "external_launcher",  # in-process, one engine per rank
+        "tensor_parallel_size": 1,
+        "seed": seed,
+        "dtype": settings.dtype,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_model_len": settings.max_model_len,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "enforce_eager": settings.enforce_eager,
+        "enable_sleep_mode": settings.enable_sleep_mode,
+        # log-probs after temperature (and top-k/top-p): those of the distribution actually sampled,
+        # which is what the importance-sampling correction compares the trainer's with.
+        "logprobs_mode": "processed_logprobs",
+    }
+
+
+def build_engine(vllm, settings: VLLMSettings, model_name_or_path: str, seed: int, placement: EnginePlacement):
+    """A ``vllm.LLM`` in this process, on the trainer's GPU, leaving the trainer's state as it was."""
+    with scoped_environment(launcher_environment(placement)), outside_trainer_contexts():
+        return vllm.LLM(**engine_keywords(settings, model_name_or_path, seed))
+
+
+def engine_model(llm) -> torch.nn.Module:
+    """The torch model inside an in-process V1 engine (what ``load_weights`` is called on)."""
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    except AttributeError:
+        raise RuntimeError(
+            "The vLLM engine's model is not reachable from this process: it must be built in-process "
+            f"(distributed_executor_backend='external_launcher', vllm{TESTED_VLLM_VERSIONS})."
+        ) from None
+    return runner.get_model() if callable(getattr(runner, "get_model", None)) else runner.model
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _generator_states() -> dict[str, Any]:
+    import random
+
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy
+
+        states["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _restore_generators(states: dict[str, Any]) -> None:
+    import random
+
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        import numpy
+
+        numpy.random.set_state(states["numpy"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])

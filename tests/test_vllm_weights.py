@@ -1,0 +1,121 @@
+"""Weights streamed into vLLM: checkpoint names for plain, checkpoint-wrapped and peft models, LoRA
+merged out of place (the base stays bit-identical), one tensor at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcode.models import LoraSettings, load_model, load_tokenizer
+from rlcode.rollout.vllm_weights import peft_checkpoint_name, streamed_weights
+
+
+def plain_names() -> list[str]:
+    return [name for name, _ in load_model("tiny-random").named_parameters()]
+
+
+def lora_policy(precision: str = "32-true", **extra):
+    policy = load_model("tiny-random", precision=precision, lora=LoraSettings(r=4, dropout=0.0, extra=extra)).eval()
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:  # peft starts B at zero: a non-zero B makes the merge visible
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    return policy
+
+
+def test_plain_model_streams_its_own_parameters_under_checkpoint_names():
+    model = load_model("tiny-random")
+    streamed = list(streamed_weights(model))
+    assert [name for name, _ in streamed] == plain_names()
+    for (_, tensor), parameter in zip(streamed, model.parameters()):
+        assert tensor.data_ptr() == parameter.data_ptr()  # no copy of an unmerged weight
+    # Tied embeddings come once, as named_parameters gives them (vLLM ties lm_head itself).
+    assert "lm_head.weight" not in dict(streamed)
+
+
+def test_checkpoint_wrapped_layers_stream_under_plain_names():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    model = load_model("tiny-random")
+    apply_activation_checkpointing(model, check_fn=lambda module: type(module).__name__.endswith("DecoderLayer"))
+    wrapped = [name for name, _ in model.named_parameters()]
+    assert any("_checkpoint_wrapped_module" in name for name in wrapped)
+    assert [name for name, _ in streamed_weights(model)] == plain_names()
+
+
+def test_lora_streams_merged_weights_under_plain_names_and_modules_to_save_replaces_the_original():
+    policy = lora_policy(modules_to_save=["lm_head"])
+    names = [name for name, _ in streamed_weights(policy)]
+    assert names == plain_names() + ["lm_head.weight"]  # the trained lm_head copy, untied from the embedding
+    for fragment in ("lora_", "base_layer", "base_model", "modules_to_save", "original_module"):
+        assert not any(fragment in name for name in names), fragment
+    trained_head = policy.base_model.model.lm_head.modules_to_save["default"].weight
+    assert torch.equal(dict(streamed_weights(policy))["lm_head.weight"], trained_head)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", None),
+    ("base_model.model.model.embed_tokens.lora_embedding_A.default", None),
+    ("base_model.model.lm_head.original_module.weight", None),
+    ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
+    ("base_model.model.lm_head.modules_to_save.other.weight", None),  # an inactive adapter's copy
+    ("base_model.model.model.layers.0._checkpoint_wrapped_module.mlp.up_proj.base_layer.weight",
+     "model.layers.0.mlp.up_proj.weight"),
+    ("base_model.model.model.norm.weight", "model.norm.weight"),
+])
+def test_peft_name_mapping(name, expected):
+    assert peft_checkpoint_name(name, ["default"]) == expected
+
+
+def test_merged_weights_give_the_lora_policy_in_a_plain_model():
+    policy = lora_policy()
+    plain = load_model("tiny-random").eval()
+    with torch.no_grad():
+        for name, tensor in streamed_weights(policy):
+            plain.get_parameter(name).copy_(tensor)
+    inputs = load_tokenizer("tiny-random")(["def add(a, b):"], return_tensors="pt")
+    with torch.no_grad():
+        merged_logits, policy_logits = plain(**inputs).logits, policy(**inputs).logits
+        torch.testing.assert_close(merged_logits, policy_logits, atol=1e-5, rtol=1e-5)
+        with policy.disable_adapter():  # the merge is visible: the adapters change the output
+            assert not torch.allclose(merged_logits, policy(**inputs).logits, atol=1e-3)
+    assert not any(getattr(module, "merged", False) for module in policy.modules())
+
+
+def test_out_of_place_merge_leaves_a_bf16_base_bit_identical():
+    policy = lora_policy("bf16-true")
+    frozen = {name: parameter.detach().clone() for name, parameter in policy.named_parameters()
+              if not parameter.requires_grad}
+    for _ in range(3):  # three syncs
+        for _ in streamed_weights(policy):
+            pass
+    for name, parameter in policy.named_parameters():
+        if name in frozen:
+            assert torch.equal(parameter, frozen[name]), name
+    # What the test guards against: peft's in-place merge + unmerge in bf16 does not give the base back.
+    policy.merge_adapter()
+    policy.unmerge_adapter()
+    assert any(not torch.equal(parameter, frozen[name]) for name, parameter in policy.named_parameters()
+               if name in frozen)
+
+
+def test_one_merged_tensor_at_a_time(monkeypatch):
+    from peft.tuners.lora import Linear
+
+    policy = lora_policy()
+    merges = []
+    original = Linear.get_delta_weight
+    monkeypatch.setattr(Linear, "get_delta_weight", lambda self, adapter: merges.append(1) or original(self, adapter))
+    for name, _ in streamed_weights(policy):
+        if "q_proj" in name:  # the first LoRA-adapted weight
+            break
+    assert len(merges) == 1  # nothing merged ahead of what was consumed
+
+
+def test_lora_variants_are_refused_with_the_fix():
+    policy = load_model("tiny-random", lora=LoraSettings(r=4, dropout=0.0, extra={"use_dora": True}))
+    with pytest.raises(NotImplementedError, match="DoRA"):
+        next(iter(streamed_weights(policy)))
