@@ -42,6 +42,7 @@ from rlcode.algorithms.sequence_logps import batched_completion_logps
 from rlcode.algorithms.experience import CompletionGroups, repeat_each
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings, Quantization
+from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.vllm_engine import VLLMSettings
 
@@ -163,15 +164,7 @@ class GRPO(ExactResume, L.LightningModule):
         self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
         self.init_resume_state()  # resume_parts: more state for an exact resume (resume_state.py)
 
-    @classmethod
-    def from_pretrained_model(cls, model, tokenizer, **settings) -> GRPO:
-        """GRPO around a model you built (a notebook's own 4-bit loading): the tokenizer is set up for
-        batched generation, ``lora`` adapters added if the model has none; kept off the hparams."""
-        from rlcode.models.user_model import prepare_user_model, source_name
-
-        module = cls(model_name=settings.pop("model_name", None) or source_name(model), **settings)
-        module.policy, module.tokenizer = prepare_user_model(model, tokenizer, module.hparams.lora)
-        return module
+    from_pretrained_model = classmethod(from_pretrained_model)  # GRPO.from_pretrained_model(model, tokenizer, ...)
 
     # ---- building (lazily, once) ------------------------------------------------------------
     def configure_model(self) -> None:

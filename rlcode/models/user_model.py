@@ -11,6 +11,16 @@ from __future__ import annotations
 from rlcode.models.adapters import LoraSettings, apply_lora, is_lora_model
 
 
+def from_pretrained_model(cls, model, tokenizer, **settings):
+    """``GRPO.from_pretrained_model(model, tokenizer, lora=..., **settings)``: the module around a model
+    you built (a notebook's own 4-bit loading). The tokenizer is set up for batched generation,
+    ``lora`` adapters are added if the model has none; model and tokenizer are kept on the module,
+    outside its hyperparameters (``model_name`` records where the model came from)."""
+    module = cls(model_name=settings.pop("model_name", None) or source_name(model), **settings)
+    module.policy, module.tokenizer = prepare_user_model(model, tokenizer, module.hparams.lora)
+    return module
+
+
 def source_name(model) -> str:
     """Where the model came from (a hub id or folder), for the run's records and the vLLM backend."""
     return str(getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", "")
