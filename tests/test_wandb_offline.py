@@ -27,6 +27,8 @@ def wandb_records(path: Path):
         if room < 7 or (length == 0 and kind == 0):  # block padding
             position += room
             continue
+        if position + 7 + length > len(data):  # still being written
+            return
         chunk = data[position + 7:position + 7 + length]
         position += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk  # full/first start a record
@@ -34,6 +36,19 @@ def wandb_records(path: Path):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             yield record
+
+
+def finished(path: Path, timeout: float = 60.0) -> Path:
+    """``path`` once W&B's service has written the run's exit record: ``wandb.finish()`` returns
+    before its (separate) writer process has flushed everything."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+            return path
+        time.sleep(0.5)
+    raise AssertionError(f"{path} has no exit record after {timeout}s")
 
 
 def history(path: Path) -> list[dict]:
@@ -67,7 +82,7 @@ def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_it
     run_id = json.loads((run / "run.json").read_text())["run_id"]
     first = sorted((run / "wandb").glob("offline-run-*"))
     assert len(first) == 1 and first[0].name.endswith(run_id), "the W&B run id is the run's id"
-    log = first[0] / f"run-{run_id}.wandb"
+    log = finished(first[0] / f"run-{run_id}.wandb")
 
     assert {"config", "learning_rate", "num_generations"} <= config_keys(log), "the merged config and hparams"
     rows = history(log)
@@ -83,7 +98,7 @@ def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_it
     assert not (tmp_path / "tiny/version_1").exists()
     runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(path.name.endswith(run_id) for path in runs), "resume continues the same run id"
-    resumed = next(path for path in runs if path != first[0]) / f"run-{run_id}.wandb"
+    resumed = finished(next(path for path in runs if path != first[0]) / f"run-{run_id}.wandb")
     steps = {row["trainer/global_step"] for row in history(resumed) if "reward/avg_batch_reward" in row}
     assert steps == {2}, "the resumed run logs the steps after the checkpoint"
 
