@@ -40,11 +40,14 @@ class GracefulShutdown(L.Callback):
         self.requested = signal.Signals(signum).name
         self.requeue = self.requeue or signum == signal.SIGUSR1
         then = ", then requeueing the job" if self.requeue else ""
+        if signum == signal.SIGUSR1:
+            # SLURM's warning: its SIGTERM at the limit (or a repeated warning) must not turn into an
+            # immediate stop that skips the save and the requeue, so the handlers stay.
+            rank_zero_info(f"\n{self.requested} received: finishing this step, then saving a checkpoint{then}")
+            return
         rank_zero_info(f"\n{self.requested} received: finishing this step, then saving a checkpoint{then} "
                        "(send it again to stop at once)")
-        for other, previous in self._previous.items():
-            signal.signal(other, previous)  # a second signal acts immediately
-        self._previous = {}
+        self._restore()  # a second signal acts immediately
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Under DDP a signal may reach some ranks only, but saving a checkpoint is collective: a

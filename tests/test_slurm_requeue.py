@@ -119,3 +119,22 @@ def test_the_cli_turns_lightnings_auto_requeue_off_only_under_slurm(monkeypatch)
     plugin = _slurm_without_auto_requeue({})
     assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue is False
     assert _slurm_without_auto_requeue({"plugins": [SLURMEnvironment()]}) is None  # the user's choice stays
+
+
+def test_sigterm_after_sigusr1_still_saves_and_requeues():
+    """SLURM sends SIGTERM at the time limit: if the step outlasts the SIGUSR1 lead time, that SIGTERM
+    must not act as a 'second signal' (an immediate stop without the save and the requeue)."""
+    from callbacks.shutdown import GracefulShutdown
+
+    before = signal.getsignal(signal.SIGTERM)
+    shutdown = GracefulShutdown()
+    shutdown.on_train_start(None, None)
+    try:
+        signal.raise_signal(signal.SIGUSR1)
+        assert shutdown.requested == "SIGUSR1" and shutdown.requeue
+        assert signal.getsignal(signal.SIGTERM) == shutdown._on_signal, "SIGTERM still only sets the flag"
+        signal.raise_signal(signal.SIGTERM)
+        assert shutdown.requested == "SIGTERM" and shutdown.requeue, "the requeue still happens"
+    finally:
+        shutdown.on_train_end(None, None)
+    assert signal.getsignal(signal.SIGTERM) == before
