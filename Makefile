@@ -15,13 +15,18 @@ export MBPP_DATASET_PATH ?= $(if $(wildcard $(SHARED_MBPP)),$(SHARED_MBPP),)
 
 setup: $(STAMP)
 
+# Short output: what is being installed, then the installed versions and the sandbox level
+# (rlcode/setup_report.py); pip speaks only when something goes wrong.
+PIP := $(PY) -m pip install -q --disable-pip-version-check
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $@
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing $(TORCH) and rlcode[dev] into $(VENV) ..."
+	@$(PIP) --upgrade pip
+	@$(PIP) "$(TORCH)"
+	@$(PIP) -e ".[dev]"
+	@$(PY) -m rlcode.setup_report
+	@touch $@
 
 # The sandbox's strongest isolation needs bubblewrap and libseccomp; without them it degrades
 # (rlcode-eval --doctor says to what), so a missing package is a warning, not a failure.

@@ -6,9 +6,10 @@ from callbacks.game_eval import GameEval
 from callbacks.mbpp_eval import MBPPEval
 from callbacks.metrics import GRPOMetrics
 from callbacks.plots import TrainingPlots
+from callbacks.progress import StepProgressBar
 from callbacks.rollout_logging import RolloutLogging
 from callbacks.shutdown import GracefulShutdown
 from callbacks.summary import RunSummary
 
 __all__ = ["GameEval", "GRPOMetrics", "GracefulShutdown", "MBPPEval", "RolloutLogging", "RunSummary", "StepCheckpoint",
-           "TrainingPlots"]
+           "StepProgressBar", "TrainingPlots"]

@@ -3,7 +3,7 @@
 Names follow the seed project's W&B panels (``reward/avg_batch_reward``,
 ``reward/successful_predictions_count``) plus one mean per reward function (``reward/<name>``),
 completion lengths, loss parts (clip fractions, ratio, KL), throughput and where the step's time
-went. The progress bar gets the short ones: reward, tok/s. Each step also prints one line in the
+went. The progress bar gets the short ones: reward, pass (share of completions that pass), tok/s. Each step also prints one line in the
 ART toolkit's format (``Step 3: reward=0.250, success=37.5% (3/8), time=41.2s``).
 """
 
@@ -100,8 +100,9 @@ class GRPOMetrics(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)}, step=record.step)
         batch_size = len(record.prompts)
-        pl_module.log("reward", record.mean_reward, prog_bar=True, logger=False, batch_size=batch_size)
-        pl_module.log("tok/s", metrics["perf/tokens_per_s"], prog_bar=True, logger=False, batch_size=batch_size)
+        share = successes(record) / max(len(record.rewards), 1)
+        for name, value in (("reward", record.mean_reward), ("pass", share), ("tok/s", metrics["perf/tokens_per_s"])):
+            pl_module.log(name, value, prog_bar=True, logger=False, batch_size=batch_size)
         self.history.append((record.step, record.mean_reward))
         self.trajectories += trials(record)
         self.successful += successes(record)

@@ -63,4 +63,4 @@ class RolloutLogging(L.Callback):
         for logger in trainer.loggers:
             if hasattr(logger, "log_table") and not record.episodes:  # WandbLogger
                 logger.log_table(key="rollouts", columns=list(COLUMNS),
-                                 data=[[row[c] for c in COLUMNS] for row in rows], step=trainer.global_step)
+                                 data=[[row[c] for c in COLUMNS] for row in rows], step=record.step)

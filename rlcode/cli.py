@@ -5,11 +5,16 @@ The config surface is the typed ``__init__`` of each class: ``model:`` is ``rlco
 are callbacks, ``run:`` is ``RunSettings`` below, ``trainer:`` is Lightning's. Several ``--config``
 files overlay left to right; ``--print_config`` shows the merged result.
 
-Run directory: ``<run.root_dir>/<run.experiment>/version_<n>/`` holds config.yaml, metrics.csv,
-checkpoints/, eval/, rollouts.jsonl and plots/. ``--ckpt_path last`` resumes the newest run of the
-experiment that has a ``last.ckpt``, in the same directory (a requeued SLURM job picks up where it
-stopped; the first run of such a job starts fresh). SLURM signals are Lightning's business: its
-SLURMEnvironment is detected automatically and never belongs in a YAML file.
+Run directory: ``<run.root_dir>/<run.experiment>/version_<n>/`` holds run.json (the run id, which is
+the W&B run id, and the SLURM job id), config.yaml, metrics.csv, checkpoints/, eval/, rollouts.jsonl
+and plots/. ``--ckpt_path last`` resumes the newest run of the experiment that has a ``last.ckpt``,
+in the same directory and the same W&B run; under SLURM only a run of this job counts, so a requeued
+job picks up where it stopped and a new job starts fresh. A checkpoint path inside a run directory
+also continues that run's directory.
+
+SLURM: rlcode's GracefulShutdown handles SIGUSR1 (save after the step, then ``scontrol requeue``),
+so Lightning's own auto-requeue is switched off here whenever SLURM is detected
+(``SLURMEnvironment(auto_requeue=False)``, decided in code, never in a YAML file).
 
 Secrets (``WANDB_API_KEY``, ``HF_TOKEN``) come from the environment or a ``.env`` file, never from
 configs, so they cannot end up in the saved config.yaml.
@@ -30,10 +35,10 @@ from typing import Any, Literal
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import lightning as L  # noqa: E402
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
-                       StepCheckpoint, TrainingPlots)  # noqa: E402
+                       StepCheckpoint, StepProgressBar, TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
@@ -89,11 +94,14 @@ class RLCodeCLI(LightningCLI):
 
             torch.set_num_threads(config["run"]["cpu_threads"])
         _choose_precision(config)
-        self._resume_version = None
+        self._resume_version = self._resume_step = None
         if config.get("ckpt_path") == "last":
             config["ckpt_path"], version = _find_last_checkpoint(config["run"])
-            if self.subcommand == "fit":
-                self._resume_version = version  # keep writing into the interrupted run's directory
+        else:
+            version = _version_of(config.get("ckpt_path"), config["run"])
+        if self.subcommand == "fit":
+            self._resume_version = version  # keep writing into the interrupted run's directory
+            self._resume_step = _resumed_step(config["ckpt_path"], config["run"], version)
         if self.subcommand == "fit" and config["trainer"].get("limit_val_batches") is None:
             # During fit the MBPP eval callback evaluates (on its own schedule); Lightning's
             # validation loop serves `rlcode validate`.
@@ -103,12 +111,17 @@ class RLCodeCLI(LightningCLI):
         run: RunSettings = self._get(self.config_init, "run")
         trainer_config = self._get(self.config_init, "trainer", default={})
         if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
-            kwargs["logger"] = _loggers(run, self._resume_version)
+            kwargs["logger"], self.model.run_id = _loggers(run, self._resume_version, self._resume_step)
+        plugin = _slurm_without_auto_requeue(trainer_config)
+        if plugin is not None:
+            kwargs["plugins"] = [*(trainer_config.get("plugins") or []), plugin]
         # Always on. Order matters within a hook: the summary's banner before the first eval; the
         # eval before metrics and plots (plots read both histories at batch and train end). The
         # summary itself prints at fit end, after every train-end hook.
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        if trainer_config.get("enable_progress_bar") is not False:
+            callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
 
 
@@ -134,16 +147,36 @@ def _weight_precision(precision) -> str:
     return "32-true" if precision is None else str(precision)
 
 
+def _slurm_without_auto_requeue(trainer_config):
+    """Under SLURM, a SLURMEnvironment with Lightning's auto-requeue off (rlcode requeues after the
+    step), unless the config already chose a cluster environment; None elsewhere."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return None
+    if any(isinstance(p, ClusterEnvironment) or "Environment" in str(p) for p in trainer_config.get("plugins") or []):
+        return None
+    return SLURMEnvironment(auto_requeue=False)
+
+
 def _find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
-    """(path of the newest run's last.ckpt, its version number), or (None, None) to start fresh."""
+    """(path of the newest run's last.ckpt, its version number), or (None, None) to start fresh.
+
+    Under SLURM only runs of this job (``run.json``'s job id) count: a requeued job continues its
+    own run even if other runs of the experiment started meanwhile, and a new job starts fresh.
+    """
+    from rlcode.run_identity import read_run, slurm_job_id
+
     folder = Path(run["root_dir"]) / run["experiment"]
+    job = slurm_job_id()
     candidates = []
     for path in folder.glob("version_*/checkpoints/last.ckpt"):
         match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
-        if match:
+        if match and (job is None or read_run(path.parent.parent).get("slurm_job_id") == job):
             candidates.append((int(match.group(1)), path))
     if not candidates:
-        print(f"--ckpt_path last: no checkpoint under {folder}/version_*/checkpoints/ yet, starting fresh",
+        whose = f" of SLURM job {job}" if job else ""
+        print(f"--ckpt_path last: no checkpoint{whose} under {folder}/version_*/checkpoints/ yet, starting fresh",
               file=sys.stderr)
         return None, None
     version, path = max(candidates)
@@ -151,19 +184,61 @@ def _find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
     return str(path), version
 
 
-def _loggers(run: RunSettings, version: int | None) -> list:
-    from lightning.pytorch.loggers import CSVLogger
+def _version_of(ckpt_path: str | None, run: Any) -> int | None:
+    """N when ``ckpt_path`` lies in ``<root_dir>/<experiment>/version_N/checkpoints/``: that run goes on."""
+    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
+        return None
+    path = Path(ckpt_path).resolve()
+    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
+    experiment = (Path(run["root_dir"]) / run["experiment"]).resolve()
+    inside = match and path.parent.name == "checkpoints" and path.parent.parent.parent == experiment
+    return int(match.group(1)) if inside else None
+
+
+def _resumed_step(ckpt_path: str | None, run: Any, version: int | None) -> int | None:
+    """The step a run resumed in its own directory restarts at; its files lose the rows from there on."""
+    if version is None or not ckpt_path:
+        return None
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from rlcode.run_files import checkpoint_step, trim_rollouts
+
+    step = checkpoint_step(ckpt_path)
+    if rank_zero_only.rank == 0:
+        trim_rollouts(Path(run["root_dir"]) / run["experiment"] / f"version_{version}", step)
+    return step
+
+
+def _loggers(run: RunSettings, version: int | None, resume_step: int | None = None) -> tuple[list, str]:
+    """(the run's loggers, its run id). The id comes from the run directory's run.json, written by
+    rank zero when the run starts, so a resumed run logs into the same W&B run."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from rlcode.run_files import ResumableCSVLogger
+    from rlcode.run_identity import run_identity
 
     # Flushed every step: a step takes seconds to minutes, and metrics.csv is what people tail.
-    csv = CSVLogger(save_dir=run.root_dir, name=run.experiment, version=version, flush_logs_every_n_steps=1)
+    csv = ResumableCSVLogger(save_dir=run.root_dir, name=run.experiment, version=version, flush_logs_every_n_steps=1,
+                             resume_step=resume_step)
     loggers = [csv]  # first: its folder is the run directory
+    run_id = run_identity(csv.log_dir, write=rank_zero_only.rank == 0)["run_id"]  # other ranks get it broadcast
     mode = _wandb_mode(run.wandb)
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
 
         loggers.append(WandbLogger(project=run.wandb_project, group=run.experiment, save_dir=csv.log_dir,
-                                   mode=mode))
-    return loggers
+                                   mode=mode, id=run_id, resume="allow",
+                                   name=f"{run.experiment}/{Path(csv.log_dir).name}"))
+    return loggers, run_id
+
+
+class _SaveConfig(SaveConfigCallback):
+    """config.yaml in the run directory, and the same merged config in the W&B run's config."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        for logger in trainer.loggers:
+            if type(logger).__name__ == "WandbLogger":
+                logger.log_hyperparams({"config": self.config.as_dict()})
 
 
 def _wandb_mode(requested: str | None) -> str:
@@ -235,6 +310,11 @@ def main(args: list[str] | None = None) -> None:
     _quiet_library_noise()
 
     load_dotenv(dotenv_path=Path.cwd() / ".env", override=False)  # API keys only; never in configs
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["export"]:  # not a Lightning subcommand: adapters or merged weights from a checkpoint
+        from rlcode.export import main as export_main
+
+        return export_main(argv[1:])
     try:
         RLCodeCLI(
             GRPO,
@@ -242,6 +322,7 @@ def main(args: list[str] | None = None) -> None:
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args,
+            save_config_callback=_SaveConfig,
             save_config_kwargs={"overwrite": True},  # a requeued job rewrites its config instead of crashing
             seed_everything_default=0,
             auto_configure_optimizers=False,  # the module's typed learning_rate/weight_decay are the surface
@@ -250,6 +331,16 @@ def main(args: list[str] | None = None) -> None:
         )
     except _SETUP_ERRORS as error:  # their messages name the cause and the fix: no traceback needed
         raise SystemExit(f"rlcode: {error}") from None
+    finally:
+        _finish_wandb()
+
+
+def _finish_wandb() -> None:
+    """End the W&B run with the command (Lightning leaves it open): its files are complete, and a
+    next fit in the same process (a notebook, a test) opens its own run instead of reusing this one."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.run.finish()
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def build_module(configure: bool = True, **overrides):
     return module
 
 
-def fit_steps(module, *, steps: int = 1, prompts_per_step: int = 2, callbacks=(), **trainer_kwargs):
+def fit_steps(module, *, steps: int = 1, prompts_per_step: int = 2, callbacks=(), ckpt_path=None, **trainer_kwargs):
     """Fit ``steps`` steps on MBPP prompts (text unused: the rollouts are fixed); returns the trainer."""
     from rlcode.data.datamodule import MBPPDataModule
 
@@ -89,7 +89,7 @@ def fit_steps(module, *, steps: int = 1, prompts_per_step: int = 2, callbacks=()
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                     limit_val_batches=0)
     trainer = L.Trainer(**{**settings, **trainer_kwargs}, callbacks=list(callbacks))
-    trainer.fit(module, datamodule=data)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer
 
 

@@ -155,7 +155,12 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     """Saving is collective: if rank zero alone stopped to save, both ranks would hang."""
     ranks = _run_two_ranks(tmp_path, "length_reward", "signal", timeout=150)
     assert [r["global_step"] for r in ranks] == [1, 1], "both ranks stop after the signalled step"
-    assert list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt")), "the stop saved last.ckpt"
+    saved = list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt"))
+    assert saved, "the stop saved last.ckpt"
+    import torch
+
+    checkpoint = torch.load(saved[0], map_location="cpu", weights_only=False)
+    assert len(checkpoint["rlcode_resume"]["rng_by_rank"]) == 2, "each rank's RNG states, for an exact resume"
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 

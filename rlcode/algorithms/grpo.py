@@ -36,11 +36,14 @@ from rlcode.algorithms.gradient_sync import clip_grad_norm
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
 from rlcode.algorithms.optimizer_steps import count_step_without_update
 from rlcode.algorithms.policy_update import update_policy
+from rlcode.algorithms.resume_state import ExactResume
 from rlcode.algorithms.reward_mixture import RewardMixture
+from rlcode.algorithms.run_context import RunContext
 from rlcode.algorithms.sequence_logps import batched_completion_logps
 from rlcode.algorithms.experience import CompletionGroups, repeat_each
 from rlcode.algorithms.step_record import StepRecord, timed
-from rlcode.models.adapters import LoraSettings
+from rlcode.models.adapters import LoraSettings, Quantization
+from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.vllm_engine import VLLMSettings
 
@@ -52,13 +55,14 @@ REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
 _ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
 
 
-class GRPO(L.LightningModule):
+class GRPO(ExactResume, RunContext, L.LightningModule):
     def __init__(
         self,
         model_name: str = "smollm2-135m-instruct",
         precision: str = "32-true",
         gradient_checkpointing: bool = False,
         lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
         rewards: list[str] = ["execution"],  # noqa: B006 (jsonargparse needs the literal default)
         reward_weights: list[float] | None = None,
         reward_timeout: float = 10.0,
@@ -97,6 +101,8 @@ class GRPO(L.LightningModule):
             gradient_checkpointing: recompute activations in backward (less memory, ~13% slower).
             lora: train LoRA adapters instead of every weight; the adapter-free base is then the
                 reference policy of the KL term.
+            quantization: "4bit" (QLoRA: NF4, double quantization, compute dtype from ``precision``)
+                or "8bit" base weights through transformers' BitsAndBytesConfig; needs ``lora``.
             rewards: reward function names from ``rlcode.rewards`` ("execution", "mbpp_tests",
                 "mbpp_tests_fraction") or import paths "package.module:function" of TRL-style
                 functions, summed with ``reward_weights``.
@@ -142,6 +148,8 @@ class GRPO(L.LightningModule):
                 steps are still counted, so max_steps ends it).
         """
         super().__init__()
+        if quantization is not None and lora is None:  # frozen quantized weights: only adapters can train
+            raise ValueError(f"model.quantization={quantization!r} needs model.lora, e.g. --model.lora '{{r: 16}}'")
         if num_generations < 2 and scale_rewards == "group":
             raise ValueError("num_generations=1 gives every group a zero std (no learning signal): "
                              "use num_generations >= 2")
@@ -157,18 +165,23 @@ class GRPO(L.LightningModule):
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
         self._eval_pool = None  # sandbox of rlcode validate / test
+        self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
+        self.init_resume_state()  # resume_parts: more state for an exact resume (resume_state.py)
+
+    from_pretrained_model = classmethod(from_pretrained_model)  # GRPO.from_pretrained_model(model, tokenizer, ...)
 
     # ---- building (lazily, once) ------------------------------------------------------------
     def configure_model(self) -> None:
-        if self.policy is not None:
+        if self.backend is not None:
             return
         from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
-        self.tokenizer = load_tokenizer(hp.model_name)
-        lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a plain dict
-        self.policy = load_model(hp.model_name, precision=hp.precision,
-                                 gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
+        if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
+            self.tokenizer = load_tokenizer(hp.model_name)
+            lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
+            self.policy = load_model(hp.model_name, precision=hp.precision, quantization=hp.quantization,
+                                     gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
         if hp.disable_dropout:
             disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
@@ -184,39 +197,13 @@ class GRPO(L.LightningModule):
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
                                      vllm=hp.vllm, seed=hp.generation_seed)
 
-    def sandbox_pool(self, timeout: float, workers: int | None = None):
-        """A sandbox pool for this rank with the run's isolation settings (the caller closes it)."""
-        from rlcode.sandbox import SandboxPool
-
-        return SandboxPool(workers=workers or self.sandbox_workers(), timeout=timeout,
-                           allow_visible_filesystem=self.hparams.sandbox_allow_visible_filesystem)
-
-    def sandbox_workers(self) -> int:
-        """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
-        from rlcode.platform import default_sandbox_workers
-
-        local_ranks = self._trainer.num_devices if self._trainer is not None else 1
-        return self.hparams.sandbox_workers or default_sandbox_workers(local_ranks)
-
-    def stop_strings(self) -> list[str]:
-        """``stop``, or (None) the stop strings of the DataModule's prompt format."""
-        if self.hparams.stop is not None:
-            return list(self.hparams.stop)
-        from rlcode.data.prompts import STOP_SEQUENCES
-
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        return list(STOP_SEQUENCES.get(getattr(datamodule, "prompt_format", None), []))
-
-    def _training_precision(self) -> str:
-        """The trainer's precision string when attached (it decides autocast), else ``precision``."""
-        return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
-
     def _weights_changed(self) -> None:
         # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
         if callable(getattr(self.backend, "weights_changed", None)):
             self.backend.weights_changed()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)  # ExactResume: RNG and reward state, back at the first step
         self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
@@ -231,9 +218,11 @@ class GRPO(L.LightningModule):
 
     def _build_rewards(self) -> RewardMixture:
         from rlcode.algorithms.reward_factory import build_rewards
+        from rlcode.run_identity import shared_run_id
 
+        self.run_id = shared_run_id(self.trainer, self.run_id)  # tags the sandbox's executions of this run
         functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
-                                                 pool_factory=self.sandbox_pool)
+                                                 pool_factory=self.sandbox_pool, run_id=self.run_id)
         return RewardMixture(functions, self.hparams.reward_weights)
 
     def teardown(self, stage: str) -> None:
@@ -388,6 +377,7 @@ class GRPO(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from rlcode.models import is_lora_model
 
+        self.save_resume_state(checkpoint)  # RNG states, reward and estimator state
         if is_lora_model(self.policy):  # the frozen base is reloaded from its source: keep adapters only
             trainable = {n for n, p in self.named_parameters() if p.requires_grad}
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

@@ -13,11 +13,13 @@ import importlib
 from typing import Any, Callable
 
 
-def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[float], Any]
-                  ) -> tuple[list[Callable], Any]:
+def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[float], Any],
+                  run_id: str | None = None) -> tuple[list[Callable], Any]:
     """(reward callables in ``names`` order, the sandbox pool they share, or None if none needs one).
 
     ``pool_factory(timeout)`` builds the pool (the module's, with the run's workers and isolation).
+    ``run_id`` tags every execution as ``run`` (beside ``step`` and ``task``): ``pool.list`` and
+    ``pool.stop`` by run then find this run's programs on a pool several runs share.
     """
     from rlcode.rewards import REWARDS, build_reward
 
@@ -30,7 +32,7 @@ def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[f
     if any(name in REWARDS for name in names):
         pool = pool_factory(timeout)
     try:
-        return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout)
+        return [imported[name] if name in imported else build_reward(name, pool=pool, timeout=timeout, run_id=run_id)
                 for name in names], pool
     except Exception:
         if pool is not None:

@@ -69,6 +69,17 @@ class RewardMixture:
                 pending.append(_Done(function(prompts, completions, **columns)))
         return RewardJob(self, pending, started, len(completions))
 
+    # A resumed run continues the state of reward functions that keep one (a curriculum, a running
+    # normaliser): those with state_dict/load_state_dict, keyed by name. The sandbox holds none.
+    def state_dict(self) -> dict[str, Any]:
+        return {name: function.state_dict() for name, function in zip(self.names, self.functions)
+                if callable(getattr(function, "state_dict", None))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, function in zip(self.names, self.functions):
+            if name in state and callable(getattr(function, "load_state_dict", None)):
+                function.load_state_dict(state[name])
+
 
 class RewardJob:
     """Rewards being computed; ``result()`` waits for every function and combines them."""

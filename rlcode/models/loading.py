@@ -107,8 +107,9 @@ def load_model(
     kwargs: dict = {"dtype": weight_dtype(precision), "trust_remote_code": trust_remote_code}
     if quantization is not None:
         kwargs["quantization_config"] = quantization_config(quantization, compute_dtype(precision))
-        # bitsandbytes weights cannot be moved after loading: place them on this rank's GPU now.
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
+        # bitsandbytes weights cannot be moved after loading: place them on this rank's GPU now (or the
+        # CPU, where bitsandbytes >= 0.48 runs 4-bit too: the tests use that).
+        kwargs["device_map"] = {"": _quantized_device()}
     model = _from_pretrained(AutoModelForCausalLM, source, name_or_path, **kwargs)
     if gradient_checkpointing:
         _enable_activation_checkpointing(model)
@@ -119,6 +120,12 @@ def load_model(
             model, lora, quantized=quantization is not None, gradient_checkpointing=gradient_checkpointing
         )
     return model
+
+
+def _quantized_device():
+    import torch
+
+    return int(os.environ.get("LOCAL_RANK", 0)) if torch.cuda.is_available() else "cpu"
 
 
 def _enable_activation_checkpointing(model) -> None:

@@ -1,0 +1,41 @@
+"""The progress bar of a step-based RL run: ``GRPO steps 3/90 [...] reward=0.41, pass=62%, tok/s=830``.
+
+Lightning's bar counts batches per epoch, and an endless prompt stream has one epoch of unknown
+length, so a max_steps run read "Epoch 0" with a batch count and no total. Here the bar is the run's
+optimizer steps out of ``max_steps`` (a resumed run starts at its step), followed by the step's mean
+reward, the share of completions that pass (the first reward's success count) and tokens/s, which
+``GRPOMetrics`` logs to the bar.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+
+class StepProgressBar(TQDMProgressBar):
+    def __init__(self, refresh_rate: int = 1) -> None:
+        """Steps done / max_steps, reward, pass rate and tokens/s.
+
+        Args:
+            refresh_rate: redraw every N steps (a step takes seconds to minutes: every one).
+        """
+        super().__init__(refresh_rate=refresh_rate)
+
+    def on_train_epoch_start(self, trainer, *_) -> None:
+        bar = self.train_progress_bar
+        bar.reset(total=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None)
+        bar.initial = 0
+        bar.n = trainer.global_step  # a resumed run continues where it stopped
+        bar.set_description("GRPO steps")
+        bar.refresh()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        bar = self.train_progress_bar
+        if bar is not None and not bar.disable and trainer.global_step % self.refresh_rate == 0:
+            bar.n = trainer.global_step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # also redraws
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the run directory's version: noise next to the step's numbers
+        return metrics

@@ -1,0 +1,38 @@
+"""What a training module asks of the run it is in: sandbox pools sized for this rank and with the
+run's isolation settings, the stop strings of the data's prompt format, the trainer's precision.
+
+A mixin of ``GRPO`` (and so of every mode): it reads ``hparams`` (``sandbox_workers``,
+``sandbox_allow_visible_filesystem``, ``stop``, ``precision``) and the attached trainer, if any.
+"""
+
+from __future__ import annotations
+
+
+class RunContext:
+    def sandbox_pool(self, timeout: float, workers: int | None = None):
+        """A sandbox pool for this rank with the run's isolation settings (the caller closes it)."""
+        from rlcode.sandbox import SandboxPool
+
+        return SandboxPool(workers=workers or self.sandbox_workers(), timeout=timeout,
+                           allow_visible_filesystem=self.hparams.sandbox_allow_visible_filesystem)
+
+    def sandbox_workers(self) -> int:
+        """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
+        from rlcode.platform import default_sandbox_workers
+
+        local_ranks = self._trainer.num_devices if self._trainer is not None else 1
+        return self.hparams.sandbox_workers or default_sandbox_workers(local_ranks)
+
+    def stop_strings(self) -> list[str]:
+        """``stop``, or (None) the stop strings of the DataModule's prompt format."""
+        if self.hparams.stop is not None:
+            return list(self.hparams.stop)
+        from rlcode.data.prompts import STOP_SEQUENCES
+
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return list(STOP_SEQUENCES.get(getattr(datamodule, "prompt_format", None), []))
+
+    def _training_precision(self) -> str:
+        """The trainer's precision string when attached (it decides autocast), else ``precision``."""
+        return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
+

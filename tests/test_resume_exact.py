@@ -1,0 +1,159 @@
+"""Exact resume: a run SIGKILLed right after its step-k checkpoint and resumed with ``--ckpt_path last``
+reaches step n with the same weights and the same logged rewards as a run never interrupted.
+
+The reward draws from python's, numpy's and torch's generators on top of a length reward, so a resume
+that re-seeds them (Lightning's checkpoints hold no RNG state) logs other rewards from step k on and
+trains on other advantages. The kill is a real SIGKILL of a separate process (no handler, no
+teardown): this file run as ``python tests/test_resume_exact.py RUN_ROOT KILL_AT [extra args]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, KILL_AT = 4, 2
+LORA = ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0}"]
+
+
+def noisy_length_reward(prompts, completions, **columns) -> list[float]:
+    """Length plus noise from the three generators a user's reward might use."""
+    import numpy as np
+
+    return [len(text) / 100.0 + random.random() / 10 + float(np.random.rand()) / 10 + float(torch.rand(())) / 10
+            for text in completions]
+
+
+def arguments(root: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+            "--run.root_dir", str(root), "--trainer.max_steps", str(STEPS),
+            "--model.rewards", "['test_resume_exact:noisy_length_reward']", "--model.learning_rate", "1e-3",
+            "--model.sandbox_workers", "1", "--eval.at_start", "false", "--eval.at_end", "false", *extra]
+
+
+def _kill_after_checkpoint(kill_at: int) -> None:
+    """SIGKILL this process as soon as the checkpoint of step ``kill_at`` is on disk."""
+    import signal
+
+    from callbacks.checkpointing import StepCheckpoint
+
+    original = StepCheckpoint.on_train_batch_end
+
+    def on_train_batch_end(self, trainer, *args):
+        original(self, trainer, *args)
+        if trainer.global_step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    StepCheckpoint.on_train_batch_end = on_train_batch_end
+
+
+def run_in_process(root: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, str(Path(__file__)), str(root), str(kill_at or 0), *extra]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def logged_rewards(run: Path) -> dict[int, str]:
+    with (run / "metrics.csv").open() as handle:
+        return {int(r["step"]): r["reward/avg_batch_reward"] for r in csv.DictReader(handle)
+                if r.get("reward/avg_batch_reward")}
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora"])
+def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path, adapter):
+    """Guards issue 9.2: RNG states (python, numpy, torch) travel in the checkpoint and come back at
+    the first step after the restore; before, the resumed run re-seeded them and its step-2 rewards
+    (and so its weights) differed from the uninterrupted run's."""
+    extra = LORA if adapter == "lora" else []
+    straight = run_in_process(tmp_path / "straight", *extra)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    killed = run_in_process(tmp_path / "resumed", *extra, kill_at=KILL_AT)
+    assert killed.returncode == -9, f"the run was meant to die by SIGKILL: {killed.returncode}\n{killed.stderr[-2000:]}"
+    run = tmp_path / "resumed/tiny/version_0"
+    assert sorted(logged_rewards(run)) == [0, 1], "killed right after step 2's checkpoint, before step 2 ran"
+
+    resumed = run_in_process(tmp_path / "resumed", *extra, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (tmp_path / "resumed/tiny/version_1").exists(), "the resumed run continues in its own directory"
+
+    reference = tmp_path / "straight/tiny/version_0"
+    assert logged_rewards(run) == logged_rewards(reference), "every step's logged reward, bit for bit"
+    ours, theirs = weights(run), weights(reference)
+    assert ours.keys() == theirs.keys() and ours
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), "same parameters at step n"
+    if adapter == "lora":
+        assert all("lora_" in key for key in ours)
+    rollouts = [json.loads(line)["completion"] for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts == [json.loads(line)["completion"]
+                        for line in (reference / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_resume_parts_round_trip_through_a_checkpoint():
+    """A part registered in ``resume_parts`` (how per-role baselines of a multi-turn estimator join)
+    and a stateful reward function get their saved state back at the first batch, as do the RNGs."""
+    from rlcode.algorithms.resume_state import ExactResume
+
+    class Baselines:
+        def __init__(self):
+            self.values = {}
+
+        def state_dict(self):
+            return {"values": dict(self.values)}
+
+        def load_state_dict(self, state):
+            self.values = dict(state["values"])
+
+    class Module(ExactResume):
+        def __init__(self):
+            self.init_resume_state()
+            self.rewards = Baselines()
+            self.resume_parts["advantage_estimator"] = Baselines()
+
+    saved = Module()
+    saved.rewards.values, saved.resume_parts["advantage_estimator"].values = {"seen": 3}, {"player_0": 0.25}
+    checkpoint: dict = {}
+    random.seed(5)
+    saved.save_resume_state(checkpoint)
+    expected = random.random(), float(torch.rand(()))
+
+    loaded = Module()
+    loaded.on_load_checkpoint(checkpoint)
+    random.seed(99), torch.manual_seed(99)  # what a restart does before the first batch
+    loaded.on_train_batch_start(None, 0)
+    assert loaded.rewards.values == {"seen": 3}
+    assert loaded.resume_parts["advantage_estimator"].values == {"player_0": 0.25}
+    assert (random.random(), float(torch.rand(()))) == expected
+
+
+def test_each_rank_takes_back_its_own_generator_states():
+    """Under DDP the checkpoint holds every rank's RNG states (gathered when saving); rank r restores
+    entry r, and a checkpoint of fewer ranks falls back to rank zero's."""
+    from rlcode.algorithms.resume_state import own_rng_states
+
+    entry = {"rng_by_rank": [{"rank": 0}, {"rank": 1}]}
+    assert own_rng_states(entry, 1) == {"rank": 1}
+    assert own_rng_states(entry, 3) == {"rank": 0}
+
+
+if __name__ == "__main__":
+    root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+    torch.set_num_threads(1)  # the same arithmetic in every run (and room for the sandbox worker)
+    if kill_at:
+        _kill_after_checkpoint(kill_at)
+    from rlcode.cli import main
+
+    main(arguments(root, *sys.argv[3:]))
