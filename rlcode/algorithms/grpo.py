@@ -42,6 +42,7 @@ from rlcode.algorithms.experience import CompletionGroups, repeat_each
 from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings
 from rlcode.rollout.backends import build_backend
+from rlcode.rollout.openai_client import OpenAISettings
 from rlcode.rollout.vllm_engine import VLLMSettings
 
 if TYPE_CHECKING:
@@ -69,8 +70,9 @@ class GRPO(L.LightningModule):
         top_p: float = 1.0,
         top_k: int = 0,
         stop: list[str] | None = None,
-        rollout_backend: Literal["hf", "vllm"] = "hf",
+        rollout_backend: Literal["hf", "vllm", "openai"] = "hf",
         vllm: VLLMSettings | None = None,
+        openai: OpenAISettings | None = None,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -110,10 +112,13 @@ class GRPO(L.LightningModule):
             top_k: sample from the k most likely tokens (0: off).
             stop: strings that end a completion early (None: those of the data's prompt format,
                 the closing code fence for chat, ``[DONE]`` for the MBPP paper's plain format).
-            rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
-                same GPU, given the weights before a generate whenever they changed).
+            rollout_backend: "hf" (transformers in this process), "vllm" (colocated engine on the
+                same GPU, given the weights before a generate whenever they changed) or "openai" (a
+                model behind an OpenAI-compatible server; with ``dry_run`` no local weights load).
             vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
                 see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
+            openai: the server's settings (``rlcode.rollout.openai_client.OpenAISettings``: base URL,
+                model, api, concurrency, retries; the key only from the environment); None: defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -162,6 +167,9 @@ class GRPO(L.LightningModule):
         from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
+        if self.served_dry_run():
+            self._configure_served_dry_run()
+            return
         self.tokenizer = load_tokenizer(hp.model_name)
         lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a plain dict
         self.policy = load_model(hp.model_name, precision=hp.precision,
@@ -179,7 +187,22 @@ class GRPO(L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm=hp.vllm, seed=hp.generation_seed)
+                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai)
+
+    def served_dry_run(self) -> bool:
+        """A dry run sampling from a served model: no local weights are needed (ART's --dry-run --use-openai)."""
+        return self.hparams.rollout_backend == "openai" and self.hparams.dry_run
+
+    def _configure_served_dry_run(self) -> None:
+        from rlcode.models import load_tokenizer
+        from rlcode.rollout.openai_backend import OpenAIBackend
+        from rlcode.rollout.openai_client import as_settings
+
+        settings = as_settings(self.hparams.openai)
+        # Chat: the server applies its template, nothing is loaded here. Completions: the trainer renders
+        # the prompt, which takes the tokenizer (never the weights).
+        self.tokenizer = None if settings.api == "chat" else load_tokenizer(self.hparams.model_name)
+        self.backend = OpenAIBackend(settings, self.tokenizer)
 
     def sandbox_workers(self) -> int:
         """Workers of this rank's sandbox pool: as configured, else the node's cores over its ranks."""
@@ -235,10 +258,16 @@ class GRPO(L.LightningModule):
             self._eval_pool = None
 
     def on_fit_start(self) -> None:
+        reason = getattr(self.backend, "training_unsupported_reason", lambda: None)()
+        if reason is not None and not self.hparams.dry_run:
+            raise ValueError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
+                             "(rollouts and rewards only), or rollout_backend hf or vllm to train")
         if self._reference is not None:
             self._reference.to(self.device)
 
     def configure_optimizers(self):
+        if self.policy is None:  # a served dry run holds no weights; Lightning still counts steps on an optimizer
+            return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=self.hparams.learning_rate)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 
@@ -250,7 +279,7 @@ class GRPO(L.LightningModule):
         with timed(timings, "generation"):  # rows to train on; their rewards start computing
             experience = self.collect(batch)
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
-            ref_logps = self._reference_logps(experience.rollout) if hp.beta != 0.0 else None
+            ref_logps = self._reference_logps(experience.rollout) if hp.beta != 0.0 and not hp.dry_run else None
         with timed(timings, "rewards_wait"):
             rewards = experience.rewards(self.device)  # [N], NaN = unscored
 
@@ -347,9 +376,13 @@ class GRPO(L.LightningModule):
 
     # ---- building blocks the callbacks reuse --------------------------------------------------
     def render(self, prompt) -> str:
-        """Chat messages through the tokenizer's chat template; plain text as it is."""
+        """Chat messages through the tokenizer's chat template; plain text as it is. A backend whose
+        server applies the template (openai, api chat) gets the messages as a ``ChatPrompt``."""
         from rlcode.rollout import render_prompt
+        from rlcode.rollout.prompts import ChatPrompt
 
+        if getattr(self.backend, "renders_chat", False):
+            return ChatPrompt(prompt)
         return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
 
     def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
