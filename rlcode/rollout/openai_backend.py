@@ -83,6 +83,9 @@ class OpenAIBackend:
         if len(params.stop) > OPENAI_STOP_LIMIT:
             raise ValueError(f"{len(params.stop)} stop strings: OpenAI-compatible servers take at most "
                              f"{OPENAI_STOP_LIMIT}; shorten model.stop")
+        if not self.renders_chat and any(isinstance(prompt, ChatPrompt) for prompt in prompts):
+            raise ValueError("openai api 'completions' got chat messages, not a rendered prompt: use api 'chat' (the "
+                             "server applies its template) or render them with the trainer's tokenizer")
         prompt_ids = [self._prompt_ids(prompt) for prompt in prompts]
         payloads = [self._payload(prompt, ids) for prompt, ids in zip(prompts, prompt_ids)]
         # Greedy samples are all the same: ask once per prompt and repeat (as the vLLM backend does).
@@ -97,17 +100,11 @@ class OpenAIBackend:
     def _prompt_ids(self, prompt: str) -> list[int] | None:
         if self.renders_chat or self.tokenizer is None:
             return None
-        if isinstance(prompt, ChatPrompt):
-            raise ValueError("openai api 'completions' got chat messages, not a rendered prompt: render them "
-                             "with the trainer's tokenizer, or use api 'chat'")
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def _payload(self, prompt: str, ids: list[int] | None):
         if self.renders_chat:
             return ChatPrompt(prompt).messages
-        if isinstance(prompt, ChatPrompt):
-            raise ValueError("openai api 'completions' got chat messages, not a rendered prompt: use api 'chat' "
-                             "(the server applies its template) or give the backend the trainer's tokenizer")
         # Token ids make the server continue exactly the tokens the trainer scores (no second BOS).
         return ids if ids is not None and self.settings.token_ids else str(prompt)
 
