@@ -283,7 +283,10 @@ def request_body(model: str, request: SampleRequest, settings: OpenAISettings) -
     if request.seed is not None:
         body["seed"] = request.seed
     if settings.logprobs:
-        body["logprobs"] = True if chat else 1  # chat: a flag; completions: how many alternatives
+        if chat:  # llama.cpp's server answers logprobs: null unless top_logprobs is at least 1
+            body.update(logprobs=True, top_logprobs=1)
+        else:
+            body["logprobs"] = 1  # how many alternatives besides the sampled token
     if settings.token_ids:
         body["return_tokens_as_token_ids"] = True
         body["include_stop_str_in_output"] = True  # the trained tokens must be all the sampled ones
