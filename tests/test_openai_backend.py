@@ -225,7 +225,7 @@ def test_fit_with_a_backend_that_cannot_train_is_one_error():
 
     module = GRPO(model_name="tiny-random", rollout_backend="openai", num_generations=2)
     module.backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))
-    with pytest.raises(ValueError, match="rollout_backend openai cannot train here: api 'chat' .* --model.dry_run true"):
+    with pytest.raises(ServedModelError, match="rollout_backend openai cannot train here: api 'chat' .* --model.dry_run true"):
         module.on_fit_start()
 
 

@@ -147,7 +147,9 @@ def test_dry_run_fit_loads_no_local_model(server, tmp_path, capsys, monkeypatch)
     assert sum(bool(row["completion"].strip()) for row in rows) >= len(rows) // 2  # the served model answered
     with (run / "metrics.csv").open() as handle:
         assert any(row.get("reward/avg_batch_reward") for row in csv.DictReader(handle))
-    assert capsys.readouterr().out.count("(no update)") == 2
+    out = capsys.readouterr().out
+    assert out.count("(no update)") == 2
+    assert f"Model: {MODEL} served at {server}" in out  # the banner names what samples, as ART's "Using vLLM at"
 
 
 def test_spiral_against_a_served_opponent(server, tmp_path):

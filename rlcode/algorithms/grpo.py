@@ -189,6 +189,14 @@ class GRPO(L.LightningModule):
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
                                      vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai)
 
+    def model_description(self) -> str:
+        """What samples the rollouts, for the run's banner: the model name, or the served model and its server."""
+        client = getattr(self.backend, "client", None)
+        if client is None:
+            return str(self.hparams.model_name)
+        trained = "" if self.policy is None else f" (trained: {self.hparams.model_name})"
+        return f"{client.model()} served at {client.base_url}{trained}"
+
     def served_dry_run(self) -> bool:
         """A dry run sampling from a served model: no local weights are needed (ART's --dry-run --use-openai)."""
         return self.hparams.rollout_backend == "openai" and self.hparams.dry_run
@@ -260,7 +268,9 @@ class GRPO(L.LightningModule):
     def on_fit_start(self) -> None:
         reason = getattr(self.backend, "training_unsupported_reason", lambda: None)()
         if reason is not None and not self.hparams.dry_run:
-            raise ValueError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
+            from rlcode.rollout.openai_client import ServedModelError  # one line from `rlcode fit`, no traceback
+
+            raise ServedModelError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
                              "(rollouts and rewards only), or rollout_backend hf or vllm to train")
         if self._reference is not None:
             self._reference.to(self.device)

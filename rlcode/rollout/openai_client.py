@@ -41,7 +41,8 @@ PromptPayload = Union[str, list[int], Messages]
 
 
 class ServedModelError(RuntimeError):
-    """The server is unreachable, refused a request, or answered something unusable (one line)."""
+    """The server is unreachable, refused a request or answered something unusable, or the served model
+    was asked for what it cannot give (training without token ids). One line: cause and fix."""
 
 
 @dataclass
