@@ -266,3 +266,35 @@ def test_eval_generate_refuses_to_overwrite_and_reports_an_unreachable_server(tm
     assert main(["--generate", str(tmp_path / "new.jsonl"), "--split", "validation", "--limit", "1",
                  "--base-url", "http://127.0.0.1:9/v1"]) == 1
     assert "cannot reach the OpenAI-compatible server" in capsys.readouterr().err
+
+
+def test_rows_are_prompt_major_with_a_seed_per_sample_and_one_request_per_greedy_prompt(monkeypatch):
+    """Batch assembly around the client (the HTTP side is the served tests'): requests and rows line up."""
+    from rlcode.rollout import SamplingParams
+    from rlcode.rollout.openai_backend import OpenAIBackend
+    from rlcode.rollout.openai_client import ServedCompletion
+    from rlcode.rollout.prompts import ChatPrompt
+
+    backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))
+    sent: list[list[SampleRequest]] = []
+
+    def answer(requests):
+        sent.append(requests)
+        return [ServedCompletion(text=f"r{i}", finish_reason="length" if i == 0 else "stop",
+                                 logprobs=[-0.5] * (i + 1), prompt_tokens=3) for i in range(len(requests))]
+
+    monkeypatch.setattr(backend.client, "complete", answer)
+    batch = backend.generate([ChatPrompt("a"), "b"], 2, SamplingParams(temperature=1.0, max_new_tokens=4, seed=10))
+    assert [r.seed for r in sent[0]] == [10, 11, 12, 13]
+    assert [r.prompt for r in sent[0]] == [[{"role": "user", "content": "a"}]] * 2 + [[{"role": "user", "content": "b"}]] * 2
+    assert batch.completion_texts == ["r0", "r1", "r2", "r3"]
+    assert batch.completion_mask.sum(dim=1).tolist() == [1, 2, 3, 4]  # one pad token per reported log-prob
+    assert batch.truncated.tolist() == [True, False, False, False]
+    assert batch.prompt_mask.sum(dim=1).tolist() == [3, 3, 3, 3]
+    assert batch.sampling_logps[batch.completion_mask.bool()].tolist() == [-0.5] * 10
+
+    greedy = backend.generate(["a", "b"], 3, SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert len(sent[1]) == 2 and greedy.completion_texts == ["r0"] * 3 + ["r1"] * 3
+    completions = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1", api="completions"))
+    with pytest.raises(ValueError, match="got chat messages"):
+        completions.generate([ChatPrompt("a")], 1, SamplingParams())
