@@ -79,6 +79,12 @@ def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, pro
         f"Run dir: {run}", rule])
 
 
+def _model(module) -> str:
+    """The model name, or for a served backend the served model and where it is (ART: "Using vLLM at ...")."""
+    describe = getattr(module, "model_description", None)
+    return describe() if callable(describe) else str(module.hparams.model_name)
+
+
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
@@ -100,14 +106,14 @@ class RunSummary(L.Callback):
 
         hp, data = pl_module.hparams, trainer.datamodule
         if hasattr(data, "games"):
-            print(game_banner(model=hp.model_name, games=data.games, steps=trainer.max_steps,
+            print(game_banner(model=_model(pl_module), games=data.games, steps=trainer.max_steps,
                               episodes_per_step=data.episodes_per_step, opponent=hp.get("opponent", "self"),
                               run=str(run_dir(trainer))), flush=True)
             return
         evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
         # Modes whose episodes score themselves say what their reward is (multi-step MBPP, code game)
         rewards = getattr(pl_module, "reward_description", None) or list(hp.rewards)
-        print(banner(model=hp.model_name, train_tasks=len(getattr(data, "train_tasks", [])),
+        print(banner(model=_model(pl_module), train_tasks=len(getattr(data, "train_tasks", [])),
                      eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
                      prompts_per_step=getattr(data, "prompts_per_step", 0), generations=hp.num_generations,
                      rewards=[rewards] if isinstance(rewards, str) else rewards, run=str(run_dir(trainer)),

@@ -42,10 +42,12 @@ from callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, Rollou
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
+from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
-# Missing data, model or sandbox layer: the user's set-up, not a bug, so one line instead of a traceback.
-_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, IsolationUnavailable)
+# Missing data, model, sandbox layer or served model: the user's set-up, not a bug, so one line
+# instead of a traceback.
+_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, IsolationUnavailable, ServedModelError)
 
 WandbMode = Literal["online", "offline", "disabled"]
 _said_offline: set[str] = set()

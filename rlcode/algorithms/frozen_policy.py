@@ -17,15 +17,12 @@ def frozen_generator(module, frozen):
     """(rendered prompts, seed) -> one completion each from the starting policy, with ``module``'s
     sampling settings."""
     from rlcode.models import reference_mode
-    from rlcode.rollout import SamplingParams
     from rlcode.rollout.hf_backend import HFGenerateBackend
 
     backend = HFGenerateBackend(frozen.to(module.device), module.tokenizer) if frozen is not None else None
 
     def generate(prompts, seed):
-        hp = module.hparams
-        params = SamplingParams(temperature=hp.temperature, top_p=hp.top_p, top_k=hp.top_k,
-                                max_new_tokens=hp.max_new_tokens, stop=module.stop_strings(), seed=seed)
+        params = module.sampling_params(seed)
         if backend is not None:
             return backend.generate(prompts, 1, params)
         with reference_mode(module.policy):

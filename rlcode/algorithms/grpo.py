@@ -23,7 +23,6 @@ several forward/backward pairs and generation outside the wrapped module's forwa
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,6 +37,7 @@ from rlcode.algorithms.optimizer_steps import count_step_without_update
 from rlcode.algorithms.policy_update import update_policy
 from rlcode.algorithms.resume_state import ExactResume
 from rlcode.algorithms.reward_mixture import RewardMixture
+from rlcode.algorithms.policy_rollouts import PolicyRollouts
 from rlcode.algorithms.run_context import RunContext
 from rlcode.algorithms.sequence_logps import batched_completion_logps
 from rlcode.algorithms.experience import CompletionGroups, repeat_each
@@ -45,6 +45,7 @@ from rlcode.algorithms.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings, Quantization
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
+from rlcode.rollout.openai_client import OpenAISettings
 from rlcode.rollout.vllm_engine import VLLMSettings
 
 if TYPE_CHECKING:
@@ -52,10 +53,9 @@ if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
 
 REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
-_ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
 
 
-class GRPO(ExactResume, RunContext, L.LightningModule):
+class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
     def __init__(
         self,
         model_name: str = "smollm2-135m-instruct",
@@ -74,8 +74,9 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
         top_p: float = 1.0,
         top_k: int = 0,
         stop: list[str] | None = None,
-        rollout_backend: Literal["hf", "vllm"] = "hf",
+        rollout_backend: Literal["hf", "vllm", "openai"] = "hf",
         vllm: VLLMSettings | None = None,
+        openai: OpenAISettings | None = None,
         generation_seed: int = 0,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
@@ -119,10 +120,13 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
             top_k: sample from the k most likely tokens (0: off).
             stop: strings that end a completion early (None: those of the data's prompt format,
                 the closing code fence for chat, ``[DONE]`` for the MBPP paper's plain format).
-            rollout_backend: "hf" (transformers in this process) or "vllm" (colocated engine on the
-                same GPU, given the weights before a generate whenever they changed).
+            rollout_backend: "hf" (transformers in this process), "vllm" (colocated engine on the
+                same GPU, given the weights before a generate whenever they changed) or "openai" (a
+                model behind an OpenAI-compatible server; with ``dry_run`` no local weights load).
             vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
                 see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
+            openai: the server's settings (``rlcode.rollout.openai_client.OpenAISettings``: base URL,
+                model, api, concurrency, retries; the key only from the environment); None: defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
             learning_rate: AdamW learning rate.
@@ -177,6 +181,9 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
         from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer
 
         hp = self.hparams
+        if self.served_dry_run():
+            self._configure_served_dry_run()
+            return
         if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
             self.tokenizer = load_tokenizer(hp.model_name)
             lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
@@ -195,12 +202,7 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm=hp.vllm, seed=hp.generation_seed)
-
-    def _weights_changed(self) -> None:
-        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
-        if callable(getattr(self.backend, "weights_changed", None)):
-            self.backend.weights_changed()
+                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)  # ExactResume: RNG and reward state, back at the first step
@@ -234,10 +236,18 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
             self._eval_pool = None
 
     def on_fit_start(self) -> None:
+        reason = getattr(self.backend, "training_unsupported_reason", lambda: None)()
+        if reason is not None and not self.hparams.dry_run:
+            from rlcode.rollout.openai_client import ServedModelError  # one line from `rlcode fit`, no traceback
+
+            raise ServedModelError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
+                             "(rollouts and rewards only), or rollout_backend hf or vllm to train")
         if self._reference is not None:
             self._reference.to(self.device)
 
     def configure_optimizers(self):
+        if self.policy is None:  # a served dry run holds no weights; Lightning still counts steps on an optimizer
+            return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=self.hparams.learning_rate)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 
@@ -249,7 +259,7 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
         with timed(timings, "generation"):  # rows to train on; their rewards start computing
             experience = self.collect(batch)
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
-            ref_logps = self._reference_logps(experience.rollout) if hp.beta != 0.0 else None
+            ref_logps = self._reference_logps(experience.rollout) if hp.beta != 0.0 and not hp.dry_run else None
         with timed(timings, "rewards_wait"):
             rewards = experience.rewards(self.device)  # [N], NaN = unscored
 
@@ -335,28 +345,7 @@ class GRPO(ExactResume, RunContext, L.LightningModule):
         if self.hparams.max_grad_norm:
             self.last_grad_norm = clip_grad_norm(self.policy.parameters(), self.hparams.max_grad_norm)
 
-    # ---- building blocks the callbacks reuse --------------------------------------------------
-    def render(self, prompt) -> str:
-        """Chat messages through the tokenizer's chat template; plain text as it is."""
-        from rlcode.rollout import render_prompt
-
-        return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
-
-    def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
-                 max_new_tokens: int | None = None, seed: int | None = None):
-        """G completions per rendered prompt (prompt-major); the backend switches to eval mode."""
-        from rlcode.rollout import SamplingParams
-
-        hp = self.hparams
-        params = SamplingParams(temperature=temperature, top_p=hp.top_p, top_k=hp.top_k,
-                                max_new_tokens=max_new_tokens or hp.max_new_tokens,
-                                stop=self.stop_strings(), seed=seed)
-        rollout = self.backend.generate(prompts, num_generations, params)
-        # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
-        # vLLM returns CPU tensors. The loss gets ordinary copies on the policy's device.
-        return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
-                                               for name in _ROLLOUT_TENSORS})
-
+    # ---- log-probs under the policy and the reference ------------------------------------------
     def _logps(self, model, rollout: RolloutBatch):
         return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                         rollout.completion_mask, self.hparams.temperature,

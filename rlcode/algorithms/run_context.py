@@ -36,3 +36,12 @@ class RunContext:
         """The trainer's precision string when attached (it decides autocast), else ``precision``."""
         return str(self._trainer.precision) if self._trainer is not None else str(self.hparams.precision)
 
+    def sampling_params(self, seed: int | None, temperature: float | None = None, max_new_tokens: int | None = None):
+        """The run's sampling settings with ``seed`` (``temperature``, ``max_new_tokens``: the training
+        ones unless given)."""
+        from rlcode.rollout import SamplingParams
+
+        hp = self.hparams
+        return SamplingParams(temperature=hp.temperature if temperature is None else temperature, top_p=hp.top_p,
+                              top_k=hp.top_k, max_new_tokens=max_new_tokens or hp.max_new_tokens,
+                              stop=self.stop_strings(), seed=seed)

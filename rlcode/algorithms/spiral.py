@@ -22,20 +22,22 @@ from rlcode.algorithms.frozen_policy import frozen_copy, frozen_generator
 from rlcode.algorithms.grpo import GRPO
 from rlcode.algorithms.role_baselines import RoleBaselines
 from rlcode.envs.moves import MoveFormat
+from rlcode.rollout.openai_client import OpenAISettings
 
-Opponent = Literal["self", "random", "frozen"]
+Opponent = Literal["self", "random", "frozen", "served"]
 
 
 class SPIRAL(GRPO):
     def __init__(self, opponent: Opponent = "self", trained_seat: int | None = None, move_format: MoveFormat = "boxed",
                  max_turns: int = 50, invalid_move_penalty: float = -1.5, invalid_move_bonus: float = 0.5,
                  rae_decay: float = 0.95, drop_zero_advantage_turns: bool = False, eval_temperature: float = 0.0,
-                 **grpo_settings) -> None:
+                 opponent_server: OpenAISettings | None = None, **grpo_settings) -> None:
         """Self-play on TextArena games (the games come from ``data.games``).
 
         Args:
             opponent: ``"self"`` (the policy holds both seats, both trained), ``"random"`` (a random
-                legal mover) or ``"frozen"`` (a frozen copy of the starting policy) in the other seat.
+                legal mover), ``"frozen"`` (a frozen copy of the starting policy) or ``"served"`` (a
+                model behind an OpenAI-compatible server, ``opponent_server``) in the other seat.
             trained_seat: with a fixed opponent, the policy's seat (None: seats alternate by episode).
             move_format: ``"boxed"`` (SPIRAL: the last ``\\boxed{}`` holds the move) or ``"bracket"``
                 (lenient: the first legal ``[move]`` in the reply; for small models).
@@ -46,6 +48,9 @@ class SPIRAL(GRPO):
             drop_zero_advantage_turns: skip the backward pass of turns whose advantage is exactly 0
                 (a pure speed-up: their gradient is 0; the loss normalisers still count them).
             eval_temperature: sampling temperature of the games against a random mover (0: greedy).
+            opponent_server: the served opponent's server and model (``OpenAISettings``, api chat;
+                None: defaults and ``RLCODE_OPENAI_*``); it samples with the policy's temperature,
+                max_new_tokens and stop strings.
             grpo_settings: the shared settings (model, sampling, loss, optimizer): see ``GRPO``.
         """
         super().__init__(**grpo_settings)
@@ -87,7 +92,8 @@ class SPIRAL(GRPO):
         episodes = runner.play([self.make_game(g) for g in batch["game"]], batch["seed"],
                                [self._learner_seats(i) for i in range(len(batch["game"]))],
                                sampling_seed=self._sampling_seed())
-        return EpisodeTurns.from_episodes(episodes, self.tokenizer.pad_token_id, self.device,
+        pad = getattr(self.tokenizer, "pad_token_id", None) or 0  # a served dry run has no tokenizer
+        return EpisodeTurns.from_episodes(episodes, pad, self.device,
                                           extra_metrics=self._game_metrics(episodes, runner.backend_calls))
 
     def flat_rows(self, experience, rewards):
@@ -144,6 +150,10 @@ class SPIRAL(GRPO):
         """The player of the seats the policy does not hold (None in self-play), built once."""
         from rlcode.envs.opponents import PolicyOpponent, RandomLegalMover
 
+        if self._opponent_actor is None and self.hparams.opponent == "served":
+            from rlcode.envs.opponents import ServedOpponent
+
+            self._opponent_actor = ServedOpponent(self.hparams.opponent_server, self.sampling_params(None))
         if self._opponent_actor is None and self.hparams.opponent != "self":
             self._opponent_actor = (RandomLegalMover() if self.hparams.opponent == "random"
                                     else PolicyOpponent(self.render, frozen_generator(self, self._opponent_policy)))

@@ -3,13 +3,19 @@
 - ``RandomLegalMover``: a uniformly random legal move (what SPIRAL evaluates against); needs an
   environment that lists its legal moves (``TextArenaGame.legal_moves``).
 - ``PolicyOpponent``: another model answering through its own generation call, e.g. a frozen copy
-  of the starting policy (``rlcode.algorithms.spiral`` builds it) or, later, a served model.
+  of the starting policy (``rlcode.algorithms.spiral`` builds it).
+- ``ServedOpponent``: a model behind an OpenAI-compatible server (SPIRAL's served opponents), sent
+  each turn's chat messages; any environment whose turns are messages can use it.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from rlcode.rollout.base import SamplingParams
+    from rlcode.rollout.openai_client import OpenAISettings
 
 
 class RandomLegalMover:
@@ -30,6 +36,26 @@ class PolicyOpponent:
 
     def act(self, envs, turns, seed: int) -> list[str]:
         return list(self.generate([self.render(turn.messages) for turn in turns], seed).completion_texts)
+
+
+class ServedOpponent(PolicyOpponent):
+    def __init__(self, settings: OpenAISettings | dict | None, params: SamplingParams) -> None:
+        """Answers with a served model: each turn's messages go to its chat endpoint (the server applies
+        its own template, so no local tokenizer or weights), sampled with ``params`` and the round's seed.
+
+        ``settings`` must use ``api: chat`` (an opponent's prompt is a conversation, not rendered text).
+        """
+        from dataclasses import replace
+
+        from rlcode.rollout.openai_backend import OpenAIBackend
+        from rlcode.rollout.openai_client import as_settings
+        from rlcode.rollout.prompts import ChatPrompt
+
+        settings = as_settings(settings)
+        if settings.api != "chat":
+            raise ValueError(f"a served opponent sends chat messages: set its api to 'chat', not {settings.api!r}")
+        self.backend = OpenAIBackend(settings)
+        super().__init__(ChatPrompt, lambda prompts, seed: self.backend.generate(prompts, 1, replace(params, seed=seed)))
 
 
 def _boxed(move: str, env) -> str:

@@ -28,6 +28,11 @@ The last line on stdout is one JSON object: pass@k for each k and counts (tasks,
 pass@k is the unbiased estimator of Chen et al. 2021; a task with fewer than k samples is left out
 of pass@k (the estimator is undefined there), and a k no task reaches is omitted.
 
+--generate samples the completions first, from a model behind an OpenAI-compatible server
+(vLLM, llama.cpp's server, OpenAI), into SAMPLES.jsonl (which must not exist yet), then scores
+them: e.g. `rlcode-eval --generate out.jsonl --split validation --limit 20 --base-url
+http://127.0.0.1:8080/v1`. The API key comes from RLCODE_OPENAI_API_KEY or OPENAI_API_KEY.
+
 Timeout policy: each sample runs all of its task's asserts in one execution limited to --timeout
 seconds (default 10: MBPP's slowest reference solution, task 123, takes about 8 s on a 2-core
 machine; every other reference finishes in under 0.4 s)."""
@@ -39,15 +44,22 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from rlcode.rollout.openai_client import ServedModelError
+
     try:
         if args.doctor:
             return _doctor(args)
         if args.samples is None:
             raise UsageError("give a SAMPLES.jsonl file (or --doctor)")
+        if args.generate:
+            _generate(args)
         return _evaluate(args)
     except UsageError as e:
         print(f"rlcode-eval: {e}", file=sys.stderr)
         return 2
+    except ServedModelError as e:
+        print(f"rlcode-eval: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("rlcode-eval: interrupted", file=sys.stderr)
         return 130
@@ -70,7 +82,45 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--challenge-tests", action="store_true",
                         help="also run the tasks' challenge_test_list asserts")
     parser.add_argument("--doctor", action="store_true", help="print the sandbox isolation report and exit")
+    served = parser.add_argument_group("sampling from a served model (--generate)")
+    served.add_argument("--generate", action="store_true",
+                        help="sample completions from an OpenAI-compatible server into SAMPLES.jsonl, then score")
+    served.add_argument("--base-url", default=None, help="the server's /v1 root (default: $RLCODE_OPENAI_BASE_URL, "
+                        "$OPENAI_BASE_URL, else http://127.0.0.1:8000/v1)")
+    served.add_argument("--model", default=None, help="served model name (default: $RLCODE_OPENAI_MODEL, else "
+                        "the server's only model)")
+    served.add_argument("--prompt-format", choices=("chat", "plain"), default="chat",
+                        help="chat: messages to /v1/chat/completions; plain: MBPP-paper text to /v1/completions")
+    served.add_argument("--limit", type=int, default=None, help="first N tasks of the split (default: all)")
+    served.add_argument("--num-samples", type=int, default=1, help="completions per task (default: 1)")
+    served.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    served.add_argument("--max-tokens", type=int, default=512, help="completion length limit (default: 512)")
+    served.add_argument("--concurrency", type=int, default=8, help="requests in flight (default: 8)")
+    served.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request (default: 120)")
+    served.add_argument("--seed", type=int, default=0, help="base sampling seed (default: 0)")
     return parser
+
+
+def _generate(args) -> None:
+    from rlcode.data.mbpp import MBPPDataError, load_mbpp
+    from rlcode.eval.served_samples import write_served_samples
+    from rlcode.rollout.openai_client import OpenAISettings
+
+    path = Path(args.samples)
+    if path.exists():
+        raise UsageError(f"{path} exists: --generate writes a new samples file (delete it or pick another name)")
+    if args.num_samples < 1 or args.max_tokens < 1 or (args.limit is not None and args.limit < 1):
+        raise UsageError("--num-samples, --max-tokens and --limit must be positive")
+    try:
+        tasks = load_mbpp(args.dataset, args.split, args.variant)
+        settings = OpenAISettings(base_url=args.base_url, model=args.model, max_concurrency=args.concurrency,
+                                  timeout=args.request_timeout, logprobs=False,
+                                  api="chat" if args.prompt_format == "chat" else "completions")
+    except (MBPPDataError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    tasks = tasks[:args.limit] if args.limit else tasks
+    write_served_samples(path, tasks, settings, num_samples=args.num_samples, temperature=args.temperature,
+                         max_tokens=args.max_tokens, prompt_format=args.prompt_format, seed=args.seed)
 
 
 def _doctor(args) -> int:

