@@ -119,3 +119,15 @@ def test_successful_predictions_count_counts_correct_predictions():
                         episodes=[{"success": True}, {"success": False}, {"success": None}])
     assert step_metrics(record)["reward/successful_predictions_count"] == 1.0
     assert "success=33.3% (1/3)" in step_line(record)
+
+
+def test_a_served_model_can_be_the_predictor():
+    """opponent: served puts a model behind an OpenAI-compatible server in the predictor's seat (the
+    end-to-end run against a real server is tests/test_openai_served.py's SPIRAL case; same opponent)."""
+    from rlcode.algorithms.code_game import CodeGame
+    from rlcode.envs.opponents import ServedOpponent
+
+    module = CodeGame(model_name="tiny-random", opponent="served",
+                      opponent_server={"base_url": "http://127.0.0.1:9/v1", "model": "predictor", "api": "chat"})
+    opponent = module._opponent()
+    assert isinstance(opponent, ServedOpponent) and opponent.backend.client.base_url.startswith("http://127.0.0.1:9")

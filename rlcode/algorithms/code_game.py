@@ -5,7 +5,8 @@ writes a program (seat 0), and the policy, or a configured opponent, predicts it
 rules, the validity guard and the comparison are in ``rlcode.envs.code_game``. Advantages are
 group-relative per role: the writer's returns over the G programs of a prompt, the predictor's over
 its G predictions (an invalid program leaves the predictor out). Every turn is trained in self-play;
-with ``opponent: frozen`` only the writer learns against the starting policy's predictions.
+with ``opponent: frozen`` (the starting policy) or ``served`` (a model behind an OpenAI-compatible
+server) predicting, only the writer learns.
 ``reward/successful_predictions_count`` counts correct predictions in this mode.
 """
 
@@ -18,19 +19,23 @@ import torch
 from rlcode.algorithms.advantages import group_advantages
 from rlcode.algorithms.frozen_policy import frozen_copy, frozen_generator
 from rlcode.algorithms.grpo import GRPO
+from rlcode.rollout.openai_client import OpenAISettings
 
 
 class CodeGame(GRPO):
-    def __init__(self, opponent: Literal["self", "frozen"] = "self", invalid_program_penalty: float = -1.0,
-                 program_timeout: float = 5.0, **grpo_settings) -> None:
+    def __init__(self, opponent: Literal["self", "frozen", "served"] = "self", invalid_program_penalty: float = -1.0,
+                 program_timeout: float = 5.0, opponent_server: OpenAISettings | None = None,
+                 **grpo_settings) -> None:
         """The writer/predictor game (``num_generations`` games per prompt).
 
         Args:
-            opponent: ``"self"`` (the policy predicts too, both roles trained) or ``"frozen"`` (the
-                starting policy predicts; only the writer learns).
+            opponent: ``"self"`` (the policy predicts too, both roles trained), ``"frozen"`` (the
+                starting policy predicts) or ``"served"`` (a model behind an OpenAI-compatible server
+                predicts, ``opponent_server``); with a fixed predictor only the writer learns.
             invalid_program_penalty: the writer's return for a program that is not deterministic
                 and bounded (see ``rlcode.envs.code_game.check_program``).
             program_timeout: seconds each of the program's two runs may take.
+            opponent_server: the served predictor's server and model (``OpenAISettings``, api chat).
             grpo_settings: the shared settings (model, sampling, loss, optimizer): see ``GRPO``.
         """
         super().__init__(**grpo_settings)
@@ -45,10 +50,12 @@ class CodeGame(GRPO):
             object.__setattr__(self, "_opponent_policy", frozen_copy(self.policy))
 
     def _opponent(self):
-        from rlcode.envs.opponents import PolicyOpponent
+        from rlcode.envs.opponents import PolicyOpponent, ServedOpponent
 
         if self._opponent_actor is None and self.hparams.opponent == "frozen":
             self._opponent_actor = PolicyOpponent(self.render, frozen_generator(self, self._opponent_policy))
+        if self._opponent_actor is None and self.hparams.opponent == "served":
+            self._opponent_actor = ServedOpponent(self.hparams.opponent_server, self.sampling_params(None))
         return self._opponent_actor
 
     reward_description = "writer +1 / predictor -1 when the prediction is wrong, the opposite when right"
