@@ -75,9 +75,8 @@ class CodeGame(GRPO):
         envs = [CodeGameEnv(self._sandbox, theme=text, timeout=hp.program_timeout,
                             invalid_program_penalty=hp.invalid_program_penalty)
                 for text in batch["text"] for _ in range(hp.num_generations)]
-        generate = lambda prompts, seed: self.generate(prompts, 1, temperature=hp.temperature, seed=seed)  # noqa: E731
         seats = (0, 1) if hp.opponent == "self" else (0,)
-        runner = EpisodeRunner(self.render, generate, opponent=self._opponent())
+        runner = EpisodeRunner(self.render, self.turn_generator(hp.temperature), opponent=self._opponent())
         episodes = runner.play(envs, list(range(len(envs))), [seats] * len(envs), sampling_seed=self._sampling_seed())
         return EpisodeTurns.from_episodes(episodes, self.tokenizer.pad_token_id, self.device,
                                           extra_metrics=game_metrics(episodes))

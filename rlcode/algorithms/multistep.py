@@ -61,8 +61,7 @@ class MultiStepMBPP(GRPO):
                     max_attempts=hp.max_attempts, reward=hp.reward_kind, attempt_discount=hp.attempt_discount,
                     hidden_tests=hp.hidden_tests, timeout=hp.reward_timeout,
                     tags={"step": str(self.global_step), "task": str(task_id)}))
-        generate = lambda prompts, seed: self.generate(prompts, 1, temperature=hp.temperature, seed=seed)  # noqa: E731
-        episodes = EpisodeRunner(self.render, generate).play(envs, list(range(len(envs))), [(0,)] * len(envs),
+        episodes = EpisodeRunner(self.render, self.turn_generator(hp.temperature)).play(envs, list(range(len(envs))), [(0,)] * len(envs),
                                                                sampling_seed=self._sampling_seed())
         return EpisodeTurns.from_episodes(episodes, self.tokenizer.pad_token_id, self.device,
                                           extra_metrics=attempt_metrics(episodes, hp.max_attempts))

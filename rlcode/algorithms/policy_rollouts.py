@@ -33,6 +33,10 @@ class PolicyRollouts:
         return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
                                                for name in _ROLLOUT_TENSORS})
 
+    def turn_generator(self, temperature: float):
+        """(rendered prompts, seed) -> one completion each from the policy: what the episode runner calls."""
+        return lambda prompts, seed: self.generate(prompts, 1, temperature=temperature, seed=seed)
+
     def model_description(self) -> str:
         """What samples the rollouts, for the run's banner: the model name, or the served model and its server."""
         client = getattr(self.backend, "client", None)

@@ -78,17 +78,13 @@ class SPIRAL(GRPO):
         return TextArenaGame(game, move_format=hp.move_format, max_turns=hp.max_turns,
                              invalid_move_penalty=hp.invalid_move_penalty, invalid_move_bonus=hp.invalid_move_bonus)
 
-    def game_generator(self, temperature: float):
-        """(rendered prompts, seed) -> one completion each, from the policy."""
-        return lambda prompts, seed: self.generate(prompts, 1, temperature=temperature, seed=seed)
-
     # ---- the stages of a step --------------------------------------------------------------------
     def collect(self, batch):
         from rlcode.envs.runner import EpisodeRunner
         from rlcode.envs.turn_samples import EpisodeTurns
 
         hp = self.hparams
-        runner = EpisodeRunner(self.render, self.game_generator(hp.temperature), opponent=self._opponent())
+        runner = EpisodeRunner(self.render, self.turn_generator(hp.temperature), opponent=self._opponent())
         episodes = runner.play([self.make_game(g) for g in batch["game"]], batch["seed"],
                                [self._learner_seats(i) for i in range(len(batch["game"]))],
                                sampling_seed=self._sampling_seed())
