@@ -88,6 +88,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         scale_rewards: RewardScaling = "group",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
+        share_prefix: bool = True,
         filter_zero_std_groups: bool = False,
         mask_truncated_completions: bool = False,
         max_grad_norm: float | None = 1.0,
@@ -141,6 +142,9 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                 old log-probs so the clip acts).
             micro_batch_size: completions per forward/backward pass; gradients accumulate over
                 the whole group batch before each optimizer step.
+            share_prefix: in every log-prob pass, run each prompt prefix the micro-batch's rows
+                share (a group's prompt, an episode's history) once and only the completions per
+                row: same log-probs and gradients, fewer tokens (``rlcode.algorithms.shared_prefix``).
             filter_zero_std_groups: skip the backward pass of groups whose rewards are all equal: a
                 pure speed-up, the update is the same (with beta > 0 nothing is skipped, since the KL
                 term of such groups has a gradient).
@@ -349,7 +353,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
     def _logps(self, model, rollout: RolloutBatch):
         return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                         rollout.completion_mask, self.hparams.temperature,
-                                        self.hparams.micro_batch_size)
+                                        self.hparams.micro_batch_size, share_prefix=self.hparams.share_prefix)
 
     def _reference_logps(self, rollout: RolloutBatch):
         from rlcode.models import reference_mode

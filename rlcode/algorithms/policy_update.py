@@ -52,7 +52,7 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
         for position, index in enumerate(micro_batches):
             logps = completion_logps(module.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                      rollout.completion_ids[index], rollout.completion_mask[index],
-                                     hp.temperature)
+                                     hp.temperature, share_prefix=hp.share_prefix)
             if iteration == 0 and old_logps is not None:
                 old_logps[index] = logps.detach()
             if iteration == 0 and weights is not None:

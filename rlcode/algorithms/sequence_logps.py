@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from rlcode.algorithms.fused_head_logps import fused_head_logps
 from rlcode.algorithms.losses import per_token_logps
+from rlcode.algorithms.prefix_tree import PrefixTree, prefix_tree
+from rlcode.algorithms.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -47,36 +49,61 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 
 def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                     completion_mask: Tensor, temperature: float, *, chunk_size: int | None = None) -> Tensor:
+                     completion_mask: Tensor, temperature: float, *, chunk_size: int | None = None,
+                     share_prefix: bool = False) -> Tensor:
     """[B, P] left-padded prompts + [B, C] right-padded completions -> [B, C] float32 log-probs.
 
     0 where ``completion_mask`` is 0 (as TRL). Gradients flow when called with grad enabled; wrap in
     ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
-    16M logits per chunk, see ``fused_head_logps``).
+    16M logits per chunk, see ``fused_head_logps``). ``share_prefix``: run each prompt prefix the
+    rows share once (``rlcode.algorithms.shared_prefix``) when that runs fewer tokens than the plain
+    pass and the model supports it; same log-probs and gradients.
     """
     import torch
 
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [B, P + C]
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
     active = completion_mask.bool()  # [B, C]
     length = completion_ids.size(1)
     head = _fusable_head(model)
+    tree = _tree_worth_sharing(model, prompt_ids, prompt_mask, length) if share_prefix else None
+    if tree is not None:
+        outputs = shared_prefix_outputs(head.body if head else model, tree, prompt_mask.sum(-1), completion_ids,
+                                        completion_mask, hidden_states=head is not None)  # [B, C, H] or [B, C, V]
+    else:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [B, P + C]
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        if head is None:
+            # +1: the last prompt position predicts the first completion token; the final position
+            # predicts nothing we sampled, so it is dropped.
+            outputs = model(**inputs, logits_to_keep=length + 1).logits[:, :-1, :]  # [B, C, V]
+        else:
+            outputs = head.body(**inputs, use_cache=False).last_hidden_state[:, -length - 1 : -1]  # [B, C, H]
     if head is None:
-        # +1: the last prompt position predicts the first completion token; the final position
-        # predicts nothing we sampled, so it is dropped.
-        logits = model(**inputs, logits_to_keep=length + 1).logits[:, :-1, :]  # [B, C, V]
-        return per_token_logps(logits, completion_ids, temperature).masked_fill(~active, 0.0)  # [B, C]
-    hidden = head.body(**inputs, use_cache=False).last_hidden_state[:, -length - 1 : -1]  # [B, C, H]
-    hidden = hidden.to(head.weight.device)  # a model split over devices may end elsewhere than its head
+        return per_token_logps(outputs, completion_ids, temperature).masked_fill(~active, 0.0)  # [B, C]
+    hidden = outputs.to(head.weight.device)  # a model split over devices may end elsewhere than its head
     picked = fused_head_logps(hidden[active], head.weight, head.bias, completion_ids[active], temperature,
                               head.softcap, chunk_size)  # [N active]
     return picked.new_zeros(active.shape).masked_scatter(active, picked)  # [B, C]
 
 
+def _tree_worth_sharing(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, length: int) -> PrefixTree | None:
+    """The rows' prompt tree if the shared pass runs fewer (padded) positions than the plain one."""
+    reason = shared_prefix_support(model)
+    if reason is not None:
+        if reason not in _reported:
+            _reported.add(reason)
+            log.warning("Prompt prefixes are not shared in the training pass (each row runs its whole prompt): "
+                        "%s.", reason)
+        return None
+    tree = prefix_tree(prompt_lists(prompt_ids, prompt_mask))
+    rows, width = prompt_ids.shape
+    return tree if tree.padded_tokens + rows * length < rows * (width + length) else None
+
+
 def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                              completion_ids: Tensor, completion_mask: Tensor, temperature: float,
-                             micro_batch_size: int, *, chunk_size: int | None = None) -> Tensor:
+                             micro_batch_size: int, *, chunk_size: int | None = None,
+                             share_prefix: bool = False) -> Tensor:
     """``completion_logps`` without grad, ``micro_batch_size`` rows at a time -> [B, C]."""
     import torch
 
@@ -85,7 +112,8 @@ def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: 
         for start in range(0, completion_ids.size(0), micro_batch_size):
             part = slice(start, start + micro_batch_size)
             rows.append(completion_logps(model, prompt_ids[part], prompt_mask[part], completion_ids[part],
-                                         completion_mask[part], temperature, chunk_size=chunk_size))
+                                         completion_mask[part], temperature, chunk_size=chunk_size,
+                                         share_prefix=share_prefix))
     return torch.cat(rows)
 
 

@@ -1,0 +1,239 @@
+"""The shared-prefix training pass (issue 11, item 1): the prompt tree, and log-probs and every
+parameter gradient equal to the plain pass, for groups, distinct prompts and multi-turn histories."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from grpo_harness import GradientRecorder, assert_same_gradients, build_module, fit_steps
+from rlcode.algorithms import sequence_logps, shared_prefix
+from rlcode.algorithms.prefix_tree import prefix_tree
+from rlcode.algorithms.sequence_logps import completion_logps
+
+TEMPERATURE = 0.7
+VOCAB = 300
+
+
+# ---- the tree -------------------------------------------------------------------------------------
+def _paths(tree) -> list[list[int]]:
+    """Each row's prompt rebuilt from the segments on its path."""
+    prompts = []
+    for depth, node in tree.row_ends:
+        tokens: list[int] = []
+        while depth >= 0:
+            level = tree.levels[depth]
+            tokens = level.segments[node] + tokens
+            node, depth = level.parents[node], depth - 1
+        prompts.append(tokens)
+    return prompts
+
+
+def test_tree_holds_each_shared_run_once_and_rebuilds_every_prompt():
+    system, a, b = [1, 2, 3], [4, 5], [6, 7, 8]
+    turn1 = system + a
+    turn2 = turn1 + [9, 10] + b  # a later turn: the history plus its reply and feedback
+    prompts = [turn1, turn1, system + b, turn2, turn1]
+    tree = prefix_tree(prompts)
+    assert _paths(tree) == prompts
+    assert [level.segments for level in tree.levels] == [[system], [a, b], [[9, 10] + b]]
+    assert tree.tokens == len(system) + len(a) + len(b) + 5
+    assert tree.row_ends[0] == tree.row_ends[1] == tree.row_ends[4]  # one node for the group
+    assert [level.offsets for level in tree.levels] == [[0], [3, 3], [5]]
+
+
+def test_tree_of_prompts_sharing_nothing_is_one_level():
+    tree = prefix_tree([[1, 2], [3], [4, 5, 6]])
+    assert len(tree.levels) == 1 and tree.tokens == 6 and tree.padded_tokens == 9
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="empty prompt"):
+        prefix_tree([[1], []])
+
+
+# ---- log-probs and gradients against the plain pass -----------------------------------------------
+def _tiny(architecture: str, **extra):
+    import transformers
+
+    config = getattr(transformers, f"{architecture}Config")(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, pad_token_id=0, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{architecture}ForCausalLM")(config).train()
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)  # learned absolute positions: a wrong position id changes every log-prob
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                                      bos_token_id=1, eos_token_id=1, resid_pdrop=0, embd_pdrop=0,
+                                      attn_pdrop=0)).train()
+
+
+def _lora():
+    from rlcode.models.adapters import LoraSettings, apply_lora
+
+    model = apply_lora(_tiny("Qwen2", tie_word_embeddings=False), LoraSettings(r=4, dropout=0.0),
+                       quantized=False, gradient_checkpointing=False)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero: make the adapters matter
+            torch.nn.init.normal_(parameter, std=0.1, generator=torch.Generator().manual_seed(2))
+    return model
+
+
+MODELS = {
+    "llama": lambda: _tiny("Llama"),
+    "qwen2-tied": lambda: _tiny("Qwen2", tie_word_embeddings=True),
+    "phi-head-bias": lambda: _tiny("Phi"),
+    "gpt2": _gpt2,
+    "lora": _lora,
+}
+
+
+def _random(generator, length: int) -> list[int]:
+    return torch.randint(1, VOCAB, (length,), generator=generator).tolist()
+
+
+def _prompts(case: str) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(3)
+    system = _random(generator, 6)  # a chat template's system block: every prompt starts with it
+    if case == "groups-of-8":  # 3 prompts of different lengths, G = 8: left padding of 0, 5, 9 tokens
+        distinct = [system + _random(generator, n) for n in (12, 7, 3)]
+        return [prompt for prompt in distinct for _ in range(8)]
+    if case == "G=1":
+        return [system + _random(generator, n) for n in (9, 4, 6)]
+    # multi-turn: 2 episodes of 3 turns; each turn's context is the previous one plus reply and
+    # feedback, so the rows share histories of different lengths (and the episodes the first turn).
+    first = system + _random(generator, 5)
+    rows = []
+    for _episode in range(2):
+        context = first
+        for turn in range(3):
+            rows.append(context)
+            context = context + _random(generator, 4 + turn)
+    return rows
+
+
+def _batch(prompts: list[list[int]], generator_seed: int = 4):
+    """Left-padded prompts and right-padded completions of 1..7 tokens."""
+    generator = torch.Generator().manual_seed(generator_seed)
+    width, rows, length = max(map(len, prompts)), len(prompts), 7
+    prompt_ids = torch.zeros(rows, width, dtype=torch.long)
+    prompt_mask = torch.zeros(rows, width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        prompt_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        prompt_mask[row, width - len(prompt):] = 1
+    lengths = torch.tensor([1 + (row * 3) % length for row in range(rows)])
+    completion_mask = (torch.arange(length) < lengths.unsqueeze(1)).long()
+    completion_ids = torch.randint(1, VOCAB, (rows, length), generator=generator) * completion_mask
+    return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+def _logps_and_grads(model, batch, share_prefix: bool):
+    weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(1))
+    model.zero_grad(set_to_none=True)
+    logps = completion_logps(model, *batch, TEMPERATURE, share_prefix=share_prefix)
+    (logps * weights).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return logps.detach(), grads
+
+
+class _Spy:
+    """Counts shared passes and the token positions the model's embedding saw."""
+
+    def __init__(self, model, monkeypatch) -> None:
+        self.shared_calls, self.positions = 0, 0
+        original = sequence_logps.shared_prefix_outputs
+
+        def shared(*args, **kwargs):
+            self.shared_calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(sequence_logps, "shared_prefix_outputs", shared)
+        model.get_input_embeddings().register_forward_hook(self._count)
+
+    def _count(self, module, inputs, output) -> None:
+        self.positions += inputs[0].numel()
+
+
+@pytest.mark.parametrize("case", ["groups-of-8", "G=1", "multi-turn"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_shared_pass_equals_the_plain_pass(name, case, monkeypatch):
+    """Log-probs and every trained parameter's gradient equal the plain pass (fp32, 1e-5 of each
+    gradient's scale) while the model runs fewer token positions."""
+    model = MODELS[name]()
+    batch = _batch(_prompts(case))
+    spy = _Spy(model, monkeypatch)
+    plain = _logps_and_grads(model, batch, share_prefix=False)
+    plain_positions, spy.positions = spy.positions, 0
+    shared = _logps_and_grads(model, batch, share_prefix=True)
+    assert spy.shared_calls == 1, "the shared pass must have run"
+    assert spy.positions < plain_positions
+    assert plain[0].abs().sum() > 0
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    assert_same_gradients(shared[1], plain[1], tolerance=1e-5)
+
+
+def test_plain_head_path_shares_too(monkeypatch):
+    """A head that cannot be fused (the model's own logits) runs the shared pass on the causal LM."""
+    monkeypatch.setattr(sequence_logps, "_fusable_head", lambda model: None)
+    model = _tiny("Qwen2", tie_word_embeddings=False)
+    batch = _batch(_prompts("multi-turn"))
+    spy = _Spy(model, monkeypatch)
+    plain = _logps_and_grads(model, batch, share_prefix=False)
+    shared = _logps_and_grads(model, batch, share_prefix=True)
+    assert spy.shared_calls == 1
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    assert_same_gradients(shared[1], plain[1], tolerance=1e-5)
+
+
+def test_nothing_shared_runs_the_plain_pass(monkeypatch):
+    """Prompts without a common first token: the tree saves nothing, so no extra forward calls."""
+    model = _tiny("Llama")
+    batch = _batch([[5, 6, 7], [8, 9], [10, 11, 12, 13]])
+    spy = _Spy(model, monkeypatch)
+    completion_logps(model, *batch, TEMPERATURE, share_prefix=True)
+    assert spy.shared_calls == 0
+
+
+@pytest.mark.parametrize("setup", ["sliding-window", "gradient-checkpointing"])
+def test_models_that_cannot_share_fall_back_and_say_why(setup, monkeypatch, caplog):
+    if setup == "sliding-window":
+        model = _tiny("Mistral", sliding_window=4)
+        reason = "DynamicSlidingWindowLayer"
+    else:
+        model = _tiny("Llama")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        reason = "gradient checkpointing"
+    monkeypatch.setattr(sequence_logps, "_reported", set())
+    batch = _batch(_prompts("groups-of-8"))
+    spy = _Spy(model, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=sequence_logps.__name__):
+        shared = _logps_and_grads(model, batch, share_prefix=True)
+        _logps_and_grads(model, batch, share_prefix=True)
+    assert spy.shared_calls == 0
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1 and reason in messages[0], messages
+    plain = _logps_and_grads(model, batch, share_prefix=False)
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    assert shared_prefix.shared_prefix_support(model) is not None
+
+
+def test_grpo_step_gradients_are_the_same_with_and_without_sharing(monkeypatch):
+    """A whole GRPO step (micro-batches of 3 rows over groups of 4) on the tiny model."""
+    calls = []
+    original = sequence_logps.shared_prefix_outputs
+    monkeypatch.setattr(sequence_logps, "shared_prefix_outputs",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    updates = {}
+    for share in (False, True):
+        recorder = GradientRecorder()
+        fit_steps(build_module(share_prefix=share, micro_batch_size=3), callbacks=[recorder])
+        updates[share] = recorder.updates[0]
+    assert calls, "the shared pass must have run in the step"
+    assert_same_gradients(updates[True], updates[False])
