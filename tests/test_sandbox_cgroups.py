@@ -1,8 +1,9 @@
 """Memory and process limits hold per execution, not per process or per uid (issue 10, item 3).
 
 RLIMIT_AS bounds each process alone (forked children or a memfd exceed it together) and
-RLIMIT_NPROC counts every process of uid 65534 on the machine (one sample's processes starved
-another worker's). Where a writable cgroup exists (root here) both limits are per execution.
+RLIMIT_NPROC counts every process of a uid on the machine (one sample's processes, all children
+running as uid 65534, starved another worker's). Where a writable cgroup exists (root here) both
+limits are per execution; without one, each worker slot's children run as a uid of their own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from rlcode.sandbox import SandboxPool, Status
+from rlcode.sandbox import SandboxPool, Status, cgroups
 from rlcode.sandbox.cgroups import WORKER_MEMORY_BYTES
 
 CHUNK_MB = 200
@@ -94,3 +95,60 @@ def test_a_fork_hog_does_not_stop_a_concurrent_execution_from_starting_threads(p
         honest = hog_pool.submit(THREADS).result()
         assert honest.status is Status.OK and honest.stdout == "328350\n", honest
         assert hog.result().status is Status.OK
+
+
+HOLD_ALL = textwrap.dedent("""
+    import os, time
+    held = 1
+    while True:  # every process the execution's limit allows, held for seconds
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(8)
+            os._exit(0)
+        held += 1
+    print("held", held, "uid", os.getuid())
+    time.sleep(6)
+""")
+HONEST_THREADS = textwrap.dedent("""
+    import os, threading
+    from concurrent.futures import ThreadPoolExecutor
+    done = []
+    thread = threading.Thread(target=done.append, args=("thread",))
+    thread.start()
+    thread.join()
+    barrier = threading.Barrier(16, timeout=10)  # all 16 pool threads alive at once
+    with ThreadPoolExecutor(16) as pool:
+        waited = list(pool.map(lambda _: barrier.wait() >= 0, range(16)))
+    print(done, sum(waited), "uid", os.getuid())
+""")
+
+
+@pytest.fixture
+def no_cgroups(monkeypatch):
+    """The fallback where no cgroup is writable (not root, a read-only /sys/fs/cgroup, a container)."""
+    monkeypatch.setattr(cgroups, "setup", lambda owner_pid=None: cgroups.CgroupLimits(note="off: a test"))
+
+
+@pytest.mark.parametrize("level", ["bwrap", "process"])
+def test_without_cgroups_a_fork_hog_does_not_stop_another_worker_from_starting_threads(level, no_cgroups):
+    """Guards the RLIMIT_NPROC fallback: each worker slot's children run as a uid of their own, so a
+    sample holding every process its limit allows leaves a concurrent sample on another worker free
+    to start threads. Before, all children shared uid 65534 and the honest sample could not start
+    one ("can't start new thread")."""
+    max_processes = 32
+    with SandboxPool(workers=2, timeout=20.0, max_processes=max_processes, isolation=level) as pool:
+        assert not pool.isolation.layers["cgroup_limits"]
+        hog = pool.submit(HOLD_ALL)
+        time.sleep(2.0)  # the hog holds its processes from here for several seconds
+        honest = pool.submit(HONEST_THREADS).result()
+        hogged = hog.result()
+        assert hogged.status is Status.OK, hogged
+        held = int(hogged.stdout.split()[1])
+        assert max_processes - 2 <= held <= max_processes, hogged.stdout  # it reached its limit
+        assert honest.status is Status.OK and honest.stdout.startswith("['thread'] 16 uid"), honest
+        assert honest.stdout.split()[-1] != hogged.stdout.split()[-1]  # two uids
+        assert pool.isolation.process_limit == "slot-uid", pool.isolation.describe()
+        assert pool.isolation.layers["process_limit_per_execution"]
