@@ -19,17 +19,22 @@ from rlcode.sandbox.cgroups import WORKER_MEMORY_BYTES
 CHUNK_MB = 200
 FORKED_HOGS = textwrap.dedent(f"""
     import os, sys, time
+    together = time.monotonic() + 4  # every surviving child holds its block at this instant
     for _ in range(3):  # 3 x {CHUNK_MB} MiB: each child is under RLIMIT_AS, together they are not
         if os.fork() == 0:
             block = b"\\x01" * ({CHUNK_MB} << 20)  # written, so really resident
-            os.write(1, b"allocated\\n")
-            time.sleep(3)
+            if time.monotonic() > together:
+                os._exit(2)  # too late to overlap the others: not counted
+            time.sleep(max(0.0, together - time.monotonic()))
             os._exit(0)
+    survived = 0
     while True:
         try:
-            os.wait()
+            _, status = os.wait()
         except ChildProcessError:
             break
+        survived += os.waitstatus_to_exitcode(status) == 0
+    print("survived", survived)
 """)
 MEMFD_HOG = textwrap.dedent("""
     import os
@@ -52,10 +57,17 @@ def pool(request):
 
 def test_memory_of_all_processes_of_an_execution_stays_under_its_limit(pool):
     """Guards the memory cgroup: three forked children cannot hold 3 x 200 MiB under a 256 MiB
-    limit (plus the idle worker's headroom in the same group)."""
+    limit (plus the idle worker's headroom in the same group) at the same time.
+
+    It counts the children that still hold their block at one common instant, not the children
+    that ever filled one: a first child done before the others start is the OOM killer's pick (the
+    largest) once they grow, after it had filled its block, and a second child then fills one too
+    (the limit held; counting fills failed this test in CI at the process level, and every time
+    with the other children delayed by 0.4 s)."""
     result = pool.submit(FORKED_HOGS).result()
     limit_mb = 256 + (WORKER_MEMORY_BYTES >> 20)
-    assert result.stdout.count("allocated") * CHUNK_MB <= limit_mb, result
+    assert result.stdout.startswith("survived "), result
+    assert int(result.stdout.split()[1]) * CHUNK_MB <= limit_mb, result
 
 
 def test_a_memfd_counts_against_the_execution(pool):
