@@ -59,7 +59,7 @@ class SlotUids:
     def release(self) -> None:
         """Give the uids back (every worker of the pool must have exited)."""
         for fd in self._locks:
-            os.close(fd)  # closing the only descriptor of the lock file releases its flock
+            os.close(fd)  # releases the flock (a forked copy of the fd keeps it until that process exits)
         self._locks.clear()
 
 
