@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -149,8 +150,12 @@ def test_doctor_prints_the_isolation_report():
     """Guards --doctor: it names every layer, the per-execution ones (issue 10) included."""
     proc = _run("--doctor")
     assert proc.returncode == 0 and proc.stdout.startswith("sandbox isolation:")
-    for layer in ("landlock", "cgroup_limits", "tmpfs_per_execution", "ipc_objects_denied", "seccomp"):
+    for layer in ("landlock", "cgroup_limits", "tmpfs_per_execution", "ipc_objects_denied", "seccomp",
+                  "sandbox_uid", "process_limit_per_execution"):
         assert f"] {layer}" in proc.stdout, proc.stdout
+    # and which mechanism bounds an execution's processes (issue 10, item 3)
+    mechanisms = "cgroup-pids|slot-uid|userns|shared-uid|none"
+    assert re.search(rf"process_limit_per_execution: ({mechanisms}): ", proc.stdout), proc.stdout
 
 
 def test_help_states_the_timeout_policy():

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlcode.sandbox import SandboxPool, Status, detect_isolation
+from rlcode.sandbox import SandboxPool, Status, detect_isolation, slot_uids
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = ["bwrap", "process"]
@@ -41,11 +41,13 @@ def _run(pool, code: str, **kwargs):
 
 
 def _sandbox_descendants() -> list[psutil.Process]:
-    """Our descendants running as the sandbox user (children and their offspring)."""
-    found = []
+    """Our descendants running as a sandbox uid (children and their offspring)."""
+    base, found = slot_uids.range_base(), []
     for process in psutil.Process().children(recursive=True):
         try:
-            if process.uids().real == 65534 and process.status() != psutil.STATUS_ZOMBIE:
+            uid = process.uids().real
+            if (base <= uid < base + slot_uids.RANGE_SIZE or uid == slot_uids.SHARED_UID) \
+                    and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except psutil.NoSuchProcess:
             pass
@@ -164,7 +166,8 @@ def test_seccomp_and_uid(pool):
         print("uid", os.getuid(), os.geteuid())
     """)
     assert "unshare -1" in result.stdout and "ptrace -1" in result.stdout and "mount -1" in result.stdout
-    assert "setuid denied" in result.stdout and "uid 65534 65534" in result.stdout
+    uid, euid = result.stdout.split("uid ")[-1].split()
+    assert "setuid denied" in result.stdout and uid == euid and int(uid) in pool._uids.uids, result.stdout
 
 
 def test_filesystem(pool):

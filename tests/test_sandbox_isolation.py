@@ -17,7 +17,7 @@ def test_detect_reports_every_layer():
     assert all(report.layers.values()), report.describe()
     text = report.describe()
     for layer in ("filesystem_hidden", "network_namespace", "seccomp", "pid_namespace_per_execution",
-                  "uid_65534", "rlimits"):
+                  "sandbox_uid", "process_limit_per_execution", "rlimits"):
         assert layer in text
 
 

@@ -16,9 +16,10 @@ Process model (see DESIGN.md): the trainer's pool hands executions (futures, tag
 workers; each worker runs the base interpreter with ``-I -S`` from a private copy of the stdlib-only
 files in ``inside/``, inside bubblewrap, with MBPP's usual stdlib
 modules pre-imported, and forks one child per execution. The child becomes init of a fresh PID
-namespace, drops to uid 65534, applies rlimits and a seccomp filter, runs the program in a private
-temp dir with a scrubbed environment and empty stdin. The worker holds the clock, drains and caps the
-output, and kills the child, which takes its whole tree (even setsid'd descendants) with it.
+namespace, drops to its worker slot's own uid (slot_uids.py), applies rlimits and a seccomp filter,
+runs the program in a private temp dir with a scrubbed environment and empty stdin. The worker holds
+the clock, drains and caps the output, and kills the child, which takes its whole tree (even
+setsid'd descendants) with it.
 ``detect_isolation().describe()`` lists which layers are on; see isolation.py for the levels.
 
 Child protocol: ``code`` runs as ``__main__`` (SyntaxError -> syntax_error), then the trusted
@@ -34,7 +35,9 @@ Behaviours worth knowing:
   * Subprocesses are allowed (``python -c`` inside works): they inherit every layer and die with the
     execution. ``max_processes`` (default 64, processes *and threads*) and ``memory_mb`` bound an
     execution as a whole through its worker slot's cgroup where one is writable (root; see
-    cgroups.py); elsewhere RLIMIT_NPROC (per uid, shared by all workers) and RLIMIT_AS (per process).
+    cgroups.py); elsewhere RLIMIT_AS (per process) and RLIMIT_NPROC, which counts per uid: the
+    slot's own as root, a worker's own user namespace under bwrap-userns (Linux >= 5.14), and is
+    shared only at the process level as another user (``IsolationReport.process_limit`` says which).
   * Landlock (where the kernel has it, at every level): the child may read the system's programs
     and libraries and the interpreter's standard library, write only its temp dir and /dev/shm, and
     open no TCP connection. The base interpreter's site-packages stay out of reach unless

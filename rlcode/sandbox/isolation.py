@@ -2,12 +2,13 @@
 
 Levels, strongest first:
   bwrap         root: bubblewrap without a user namespace (mount, net, pid, ipc, uts namespaces),
-                the child drops to the real uid 65534, rlimits, seccomp, a PID namespace per execution.
+                the child drops to its worker slot's own real uid (slot_uids.py), rlimits, seccomp,
+                a PID namespace per execution.
   bwrap-userns  an unprivileged user with user namespaces: the same namespaces, but uid 65534 exists
                 only inside the user namespace (to the host the child is still you) and the worker
                 has no capabilities, so descendants are killed through the subreaper, not a PID namespace.
   process       no bubblewrap (clusters): fork + rlimits + seccomp (the network is denied by seccomp
-                only) + uid 65534 when root; the filesystem is not hidden, only walled off by
+                only) + a uid per slot when root; the filesystem is not hidden, only walled off by
                 Landlock where the kernel has it (Linux >= 5.13).
 
 Landlock is a layer at every level where the kernel has it. With no layer hiding the filesystem
@@ -22,7 +23,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from . import cgroups
+from . import cgroups, slot_uids
 from .launch import Limits, build_launch, stage_worker_files
 from .seccomp_policy import SeccompUnavailable, build_filter_bpf
 from .worker_process import WorkerFailure, WorkerProcess
@@ -44,6 +45,9 @@ class IsolationReport:
     level: str
     layers: dict[str, bool]
     notes: dict[str, str] = field(default_factory=dict)
+    # What bounds one execution's processes and threads: "cgroup-pids", "slot-uid" or "userns" (per
+    # execution), "shared-uid" (RLIMIT_NPROC of a uid others share) or "none" (see inside/process_limit.py).
+    process_limit: str = "shared-uid"
 
     @property
     def weaker_than_bwrap(self) -> bool:
@@ -78,12 +82,16 @@ class Probe:
 def detect_isolation(isolation: str = "auto") -> IsolationReport:
     """Start one worker at the requested level (``auto``: the strongest that works) and report
     the layers it actually turned on. Raises IsolationUnavailable for an impossible request."""
-    limits, groups = Limits(), cgroups.setup()
+    limits, uids = Limits(), slot_uids.claim(1)
+    groups = cgroups.CgroupLimits()
     try:
+        groups = cgroups.setup()
         slot = groups.slot("probe", limits.memory_mb << 20, limits.max_processes)
-        probe = probe_isolation(isolation, limits, cgroups=groups, worker_config=groups.worker_config(slot))
+        probe = probe_isolation(isolation, limits, cgroups=groups,
+                                worker_config={**groups.worker_config(slot), **uids.worker_config(0)})
     finally:
         groups.remove()
+        uids.release()
     shutil.rmtree(probe.staging, ignore_errors=True)
     return probe.report
 
@@ -143,9 +151,25 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
     raise IsolationUnavailable(f"sandbox isolation {wanted!r} unavailable ({'; '.join(failures)}); fix: {fix}")
 
 
+# What each process-limit mechanism (the worker's choice, inside/process_limit.py) means for a sample.
+PROCESS_LIMITS = {
+    "cgroup-pids": "the slot's pids cgroup holds all processes and threads of one execution",
+    "slot-uid": "RLIMIT_NPROC of the slot's own uid (no writable pids cgroup): it counts one execution's "
+                "processes and threads, not other workers' or other pools'",
+    "userns": "RLIMIT_NPROC counted in the worker's own user namespace (Linux >= 5.14): one execution's "
+              "processes and threads, not other workers'",
+    "shared-uid": "RLIMIT_NPROC of a uid other processes share (other workers, pools, or your own): one "
+                  "sample can keep another from starting a thread; fix: run as root (a pids cgroup or a uid "
+                  "per slot) or with bubblewrap on Linux >= 5.14",
+    "none": "the user namespace's uid is host root, whom RLIMIT_NPROC never binds; fix: use level bwrap",
+}
+
+
 def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) -> IsolationReport:
     bwrap = level != "process"
     real_uid_drop = bool(worker.get("uid_drop"))
+    child_uid = worker.get("child_uid")
+    process_limit = worker.get("process_limit") or "shared-uid"
     abi = int(worker.get("landlock_abi") or 0)
     layers = {
         "filesystem_hidden": bwrap,
@@ -157,7 +181,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
         "subreaper": bool(worker.get("subreaper")),
-        "uid_65534": real_uid_drop or level == "bwrap-userns",
+        "sandbox_uid": real_uid_drop or level == "bwrap-userns",
+        "process_limit_per_execution": process_limit in ("cgroup-pids", "slot-uid", "userns"),
         "rlimits": True,
         "python_prefix_readable": bool(worker.get("prefix_reachable", True)),
         "env_scrubbed": True,
@@ -166,7 +191,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
     notes = {
         "filesystem_hidden": "read-only /usr, /lib*, the python prefix; private /tmp" if bwrap
         else "the host's filesystem is mounted; Landlock decides what the child may open" if worker.get("landlock")
-        else "the child sees the host filesystem (with uid 65534's permissions when root)",
+        else "the child sees the host filesystem (with its sandbox uid's permissions when root)",
         "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
         else "network denied by seccomp only (host abstract UNIX sockets reachable)",
         "landlock": (f"ABI {abi}: read-only interpreter and system paths, read-write only the "
@@ -183,20 +208,23 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         "namespace when an execution leaves objects" if real_uid_drop else "IPC objects may outlive executions",
         "cgroup_limits": "memory (no swap) and pids limits for all processes of an execution together"
         if worker.get("cgroup") else "no writable cgroup here (needs root): per-process RLIMIT_AS and "
-        "per-uid RLIMIT_NPROC only",
+        "RLIMIT_NPROC only",
         "seccomp": seccomp_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
-        "uid_65534": "real uid 65534" if real_uid_drop
-        else ("uid 65534 inside the user namespace only" + (" (as root it maps to host root: RLIMIT_NPROC "
-              "does not bind; use level bwrap)" if os.geteuid() == 0 else "") if level == "bwrap-userns"
-              else "not root: the child keeps your uid; RLIMIT_NPROC counts all your processes"),
+        "sandbox_uid": (f"real uid {child_uid}, shared by every worker slot (no uid of their own could be "
+                        f"claimed; see {slot_uids.BASE_ENV})" if child_uid == slot_uids.SHARED_UID
+                        else f"real uid {child_uid}, this worker slot's own (one per slot, "
+                             f"{slot_uids.BASE_ENV})") if real_uid_drop
+        else ("uid 65534 inside the user namespace only" + (" (as root it maps to host root; use level bwrap)"
+                                                            if os.geteuid() == 0 else "")
+              if level == "bwrap-userns" else "not root: the child keeps your uid"),
+        "process_limit_per_execution": f"{process_limit}: {PROCESS_LIMITS.get(process_limit, '')}",
         "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, CORE=0" + (
-            " (processes: the pids cgroup, not the per-uid RLIMIT_NPROC)" if worker.get("cgroup")
-            else ", NPROC (counts every process of the uid on the machine)"),
+            " (processes: the pids cgroup)" if process_limit == "cgroup-pids" else ", NPROC"),
         "python_prefix_readable": "" if worker.get("prefix_reachable", True) else
-        "uid 65534 cannot enter the python prefix: only modules the worker pre-imported will import",
+        "the sandbox uid cannot enter the python prefix: only modules the worker pre-imported will import",
     }
     if failures:
         notes["fallback"] = "; ".join(failures)
-    return IsolationReport(level=level, layers=layers, notes=notes)
+    return IsolationReport(level=level, layers=layers, notes=notes, process_limit=process_limit)

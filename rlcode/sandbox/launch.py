@@ -16,11 +16,11 @@ from pathlib import Path
 
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
-                "landlock.py", "scratch.py", "worker_mounts.py")
+                "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
-# namespaces (SYS_ADMIN), dropping the child to uid 65534 (SETUID/SETGID), killing it (KILL),
+# namespaces (SYS_ADMIN), dropping the child to its slot's uid (SETUID/SETGID), killing it (KILL),
 # handing it a temp dir and deleting whatever it left there (CHOWN, DAC_OVERRIDE, FOWNER).
 # The child loses all of them when it drops its uid.
 WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN",
@@ -36,7 +36,7 @@ class Limits:
     memory_mb: int = 1024
     max_output_bytes: int = 65536
     max_values_bytes: int = 8 << 20
-    max_processes: int = 64  # RLIMIT_NPROC for uid 65534 (counts threads, shared by all workers)
+    max_processes: int = 64  # the pids cgroup, else RLIMIT_NPROC (counts threads; inside/process_limit.py)
     max_file_bytes: int = 64 << 20  # RLIMIT_FSIZE
     max_open_files: int = 256  # RLIMIT_NOFILE
     tmpfs_bytes: int = 256 << 20  # size of an execution's temp dir and of /dev/shm (each a tmpfs)
@@ -108,7 +108,7 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
     if level == "process":
         worker_dir, tmp_root = staging, os.path.join(staging, "tmp")
         os.makedirs(tmp_root, mode=0o755, exist_ok=True)
-        os.chmod(staging, 0o711)  # uid 65534 must reach its temp dir by path (TMPDIR, HOME)
+        os.chmod(staging, 0o711)  # the sandbox uids must reach their temp dir by path (TMPDIR, HOME)
         argv = [executable, "-I", "-S", os.path.join(staging, "worker_main.py")]
     else:
         worker_dir, tmp_root = WORKER_DIR_IN_SANDBOX, "/tmp"
@@ -122,13 +122,25 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
         "tmp_root": tmp_root, "in_bwrap": level != "process",
         "tmpfs_bytes": limits.tmpfs_bytes, "tmp_inodes": limits.tmp_inodes,
         "landlock": landlock_paths(level, executable, prefix, site_packages),
-        # The pids cgroup bounds each execution; RLIMIT_NPROC would count every uid-65534 process
-        # of the machine (other workers, other pools) and is dropped where the cgroup holds.
+        # The pids cgroup bounds each execution; RLIMIT_NPROC is dropped where it holds.
         "nproc_by_cgroup": use_cgroups and "pids" in cgroups.pool_dirs,
+        "host_root": is_host_root(),  # which process limit binds (inside/process_limit.py)
         "seccomp_bpf_path": os.path.join(worker_dir, SECCOMP_FILE) if has_seccomp else None,
         "python_prefix": prefix if level == "process" else None,  # bwrap binds it reachable itself
     }
     return WorkerLaunch(level=level, argv=argv, env=dict(env), config=config)
+
+
+def is_host_root() -> bool:
+    """We run as root of the initial user namespace, whom the kernel never holds to RLIMIT_NPROC
+    (root in a rootless container maps to another uid and is held to it)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            return any(line.split()[:2] == ["0", "0"] for line in f)
+    except OSError:
+        return False
 
 
 def landlock_paths(level: str, executable: str, prefix: str, site_packages: bool) -> dict:
@@ -190,7 +202,7 @@ def _hide_site_packages(prefix: str) -> list[str]:
 
 def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[str]:
     args = ["--die-with-parent", "--new-session"]
-    if level == "bwrap":  # real root: no user namespace, so uid 65534 in the child is real
+    if level == "bwrap":  # real root: no user namespace, so the child's slot uid is real
         args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         for capability in WORKER_CAPABILITIES:
             args += ["--cap-add", capability]
@@ -223,8 +235,8 @@ def _covered(path: str, bound: list[str]) -> bool:
 
 
 def _parents_0755(path: str) -> list[str]:
-    """bwrap (as root) creates the parents of a bind target 0700 on its tmpfs root; uid 65534 must
-    traverse them (e.g. /root/.pyenv/versions/3.11.7), so create them 0755 first."""
+    """bwrap (as root) creates the parents of a bind target 0700 on its tmpfs root; the sandbox
+    uids must traverse them (e.g. /root/.pyenv/versions/3.11.7), so create them 0755 first."""
     args = []
     parts = Path(path).parts[1:-1]
     for i in range(len(parts)):

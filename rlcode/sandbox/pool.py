@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections.abc import Iterable, Mapping
 
-from . import cgroups
+from . import cgroups, slot_uids
 from .isolation import IsolationReport, IsolationUnavailable, probe_isolation, refuse_visible_filesystem
 from .job_queue import Job, JobQueue, internal_result
 from .launch import Limits
@@ -54,8 +54,9 @@ class SandboxPool:
                 counted, flagged as truncated, and dropped without being stored).
             isolation: "auto" (strongest available), "bwrap", "bwrap-userns" or "process".
             tags: tags added to every execution (per-call tags override them).
-            max_processes: processes + threads of one execution (the pids cgroup); without a
-                writable cgroup, RLIMIT_NPROC, which counts them per uid across all workers.
+            max_processes: processes + threads of one execution: the pids cgroup where writable,
+                else RLIMIT_NPROC of a uid of the slot's own (root; slot_uids.py) or of your uid
+                (see IsolationReport.process_limit for which).
             recycle_after: restart a worker after this many executions (defence in depth).
             allow_visible_filesystem: run even where no layer hides your files from the programs
                 (no bubblewrap, no Landlock); otherwise that is an IsolationUnavailable error.
@@ -77,14 +78,18 @@ class SandboxPool:
         in_main_thread = threading.current_thread() is threading.main_thread()
         count = workers or os.cpu_count() or 1
         names = [f"sandbox-{i}" for i in range(count)] + ["sandbox-reference"]
-        self._cgroups = cgroups.setup()
-        slot_cgroups = {name: self._cgroups.slot(name, memory_mb << 20, max_processes) for name in names}
+        self._uids = slot_uids.claim(len(names))  # one uid per slot (root; none otherwise)
+        self._cgroups = cgroups.CgroupLimits()  # none yet: nothing to remove if setup() fails
         try:
+            self._cgroups = cgroups.setup()
+            slot_cgroups = {name: self._cgroups.slot(name, memory_mb << 20, max_processes) for name in names}
+            slot_configs = {name: {**self._cgroups.worker_config(slot_cgroups[name]),
+                                   **self._uids.worker_config(i)} for i, name in enumerate(names)}
             probe = probe_isolation(isolation, self.limits, keep_worker=in_main_thread,
                                     site_packages=site_packages, cgroups=self._cgroups,
-                                    worker_config=self._cgroups.worker_config(slot_cgroups[names[0]]))
+                                    worker_config=slot_configs[names[0]])
         except BaseException:
-            self._cgroups.remove()
+            self._release_host_resources()
             raise
         try:
             refuse_visible_filesystem(probe.report, allow_visible_filesystem)
@@ -92,7 +97,7 @@ class SandboxPool:
             if probe.worker is not None:
                 probe.worker.close()
             shutil.rmtree(probe.staging, ignore_errors=True)
-            self._cgroups.remove()
+            self._release_host_resources()
             raise
         self.isolation: IsolationReport = probe.report
         self._staging, self._launch = probe.staging, probe.launch
@@ -105,7 +110,8 @@ class SandboxPool:
         self._queue = JobQueue(self._lock, self._jobs, resolve)
         self._reference_queue = JobQueue(self._lock, self._jobs, resolve)
         self._slots = [WorkerSlot(self._reference_queue if name == "sandbox-reference" else self._queue,
-                                  self._worker_spec(slot_cgroups[name]), name) for name in names]
+                                  self._worker_spec(slot_cgroups[name], slot_configs[name]), name)
+                       for name in names]
         self._slots[0].worker = probe.worker  # fresh: it has run nothing yet
         self._completer = threading.Thread(target=self._complete, name="sandbox-completions", daemon=True)
         self._completer.start()
@@ -189,7 +195,12 @@ class SandboxPool:
         self._completions.put(None)
         self._completer.join(timeout=30)
         shutil.rmtree(self._staging, ignore_errors=True)
+        self._release_host_resources()
+
+    def _release_host_resources(self) -> None:
+        """The pool's cgroup folders and its slots' uids (its workers are gone)."""
         self._cgroups.remove()
+        self._uids.release()
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -198,8 +209,8 @@ class SandboxPool:
         self.close()
 
     # -- workers ---------------------------------------------------------------------------------
-    def _worker_spec(self, slot_cgroup: dict[str, str]) -> WorkerSpec:
-        config = self._cgroups.worker_config(slot_cgroup)
+    def _worker_spec(self, slot_cgroup: dict[str, str], config: dict) -> WorkerSpec:
+        """``config``: the slot's own worker config (its cgroup files and its uid)."""
         seen = [self._cgroups.oom_kills(slot_cgroup)]
 
         def on_result(result: ExecResult) -> ExecResult:

@@ -24,7 +24,7 @@ import plain_encode
 VALUES_FD = 3
 LANDLOCK_FD = 4  # the worker's Landlock ruleset, until confine() has entered it
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SANDBOX_UID = 65534
+SHARED_UID = 65534  # root's children run as their slot's own uid; this one if none was claimed
 PR_SET_PDEATHSIG = 1
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
@@ -105,8 +105,9 @@ _NO_CAPABILITIES = _CapData()
 
 
 def _clear_capabilities() -> None:
-    """setuid() to 65534 already emptied the permitted and effective sets; bwrap's --cap-add also
-    fills the inheritable set, which we empty too so no capability can come back, even by exec."""
+    """setuid() to the sandbox uid already emptied the permitted and effective sets; bwrap's
+    --cap-add also fills the inheritable set, which we empty too so no capability can come back,
+    even by exec."""
     if _capset(ctypes.byref(_CAP_HEADER), ctypes.byref(_NO_CAPABILITIES)) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
 
@@ -131,9 +132,9 @@ class Confinement:
     """What confine() applies, built by the worker before the fork (see _ZERO above). The child's
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
-    def __init__(self, *, workdir: str, limits: dict, drop_uid: bool, seccomp_program,
+    def __init__(self, *, workdir: str, limits: dict, uid, seccomp_program,
                  landlock: bool = False, private_proc: bool = False, oom_first: bool = False):
-        self.workdir, self.drop_uid, self.private_proc = workdir, drop_uid, private_proc
+        self.workdir, self.uid, self.private_proc = workdir, uid, private_proc  # uid: None keeps ours
         self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
         self.oom_first = oom_first  # sharing the worker's cgroup: be the OOM killer's first pick
         self.seccomp_program = seccomp_program
@@ -155,11 +156,12 @@ def confine(plan: Confinement) -> None:
     os.chdir(plan.workdir)
     for which, pair in plan.rlimits:
         resource.setrlimit(which, pair)
-    if plan.drop_uid:
+    if plan.uid is not None:
+        uid = plan.uid  # its gid is the same number
         os.setgroups([])
-        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
-        if os.getuid() != SANDBOX_UID or os.geteuid() != SANDBOX_UID:
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("uid drop did not take effect")
         _clear_capabilities()
     # The worker's death is ours too (and, as PID-namespace init, our descendants'). Set after the
@@ -260,7 +262,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
-                 "scratch", "worker_mounts"):
+                 "scratch", "worker_mounts", "process_limit"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
 import landlock  # noqa: E402
 import outcome  # noqa: E402
+import process_limit  # noqa: E402
 import process_tree  # noqa: E402
 import scratch  # noqa: E402
 import worker_mounts  # noqa: E402
@@ -48,7 +49,6 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
 KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_process.py)
-NPROC_SLACK = 256  # non-root only: room for the trainer's own processes and threads to grow
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -119,16 +119,19 @@ class Worker:
         if abi:
             paths = config["landlock"]
             policy = landlock.Policy(abi, paths["read"], paths["devices"], paths.get("list", ()))
+        # Root's children drop to their slot's own uid (the parent claims one per slot), else the
+        # shared one; other users' children keep ours.
+        self.child_uid = int(config.get("sandbox_uid") or child_harness.SHARED_UID) if self.is_root else None
         self.scratch = scratch.WorkerScratch(
-            config["tmp_root"], owner=child_harness.SANDBOX_UID if self.is_root else None,
+            config["tmp_root"], owner=self.child_uid,
             mount=can_mount, private_shm=self.in_bwrap or can_mount, size_bytes=config["tmpfs_bytes"],
             inodes=config["tmp_inodes"], landlock_policy=policy)
         self.in_cgroup = self.is_root and self._join_cgroups(config.get("cgroup_procs") or {})
-        # RLIMIT_NPROC counts every task of the child's real uid. As root the child becomes uid
-        # 65534 and starts from zero; otherwise it shares the uid (and, under a user namespace,
-        # the namespace's count) with what already runs, e.g. the trainer's threads: count them
-        # once and allow that many more NPROC_SLACK for their growth.
-        self.nproc_base = 0 if self.is_root else process_tree.tasks_of_uid(os.getuid()) + NPROC_SLACK
+        self.process_limit = process_limit.mechanism(
+            is_root=self.is_root, in_bwrap=self.in_bwrap,
+            pids_cgroup=self.in_cgroup and bool(config.get("nproc_by_cgroup")),
+            slot_uid=bool(config.get("sandbox_uid")), host_root=bool(config.get("host_root")))
+        self.nproc_base = process_limit.nproc_base(self.process_limit, self.is_root)
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
@@ -177,6 +180,7 @@ class Worker:
 
     def layers(self) -> dict:
         return {"pid_namespace": self.own_pidns is not None, "uid_drop": self.is_root,
+                "child_uid": self.child_uid, "process_limit": self.process_limit,
                 "landlock_abi": landlock.abi_version(), "landlock": self.scratch.ruleset is not None,
                 "tmpfs_per_execution": self.scratch.workdir.mounted,
                 "cgroup": self.in_cgroup,
@@ -234,11 +238,11 @@ class Worker:
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
-        if self.config.get("nproc_by_cgroup") and self.in_cgroup:
+        if self.process_limit == "cgroup-pids":
             del limits["RLIMIT_NPROC"]  # the pids cgroup bounds this execution alone
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
         ruleset = self.scratch.ruleset
-        plan = child_harness.Confinement(workdir=workdir, limits=limits, drop_uid=self.is_root,
+        plan = child_harness.Confinement(workdir=workdir, limits=limits, uid=self.child_uid,
                                          oom_first=self.in_cgroup,
                                          seccomp_program=self.seccomp, landlock=ruleset is not None,
                                          private_proc=not self.in_bwrap and ruleset is None)

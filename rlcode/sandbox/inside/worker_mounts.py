@@ -27,7 +27,7 @@ def private_mount_namespace() -> bool:
 
 
 def expose_to_sandbox_user(path: str) -> bool:
-    """Without bwrap, a root worker's children drop to uid 65534, which cannot enter a python
+    """Without bwrap, a root worker's children drop to a sandbox uid, which cannot enter a python
     prefix under a 0700 directory (pyenv in /root): only modules imported before the fork would
     work. So in a private mount namespace of the worker (inherited by its children), cover that
     directory with an empty 0755 tmpfs (hiding the rest of it) and bind the prefix back, read-only."""
