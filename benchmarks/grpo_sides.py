@@ -48,6 +48,7 @@ class Settings:
     reward: str = "length"  # "length" or "execution"
     threads: int = 2
     seed: int = 0
+    share_prefix: bool = True  # rlcode only: TRL has no shared-prefix pass
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +77,62 @@ def prompt_rows(count: int) -> list[dict]:
         raise ValueError(f"only {len(tasks)} MBPP train tasks for {count} prompts: lower --steps")
     return [{"task_id": t.task_id, "prompt": chat_messages(t), "test_list": list(t.test_list),
              "test_setup_code": t.test_setup_code, "entry_point": t.entry_point} for t in tasks[:count]]
+
+
+class TokenCounter:
+    """Real (unpadded) token positions the decoder ran, with gradients (training) and without
+    (generation, reference / old log-probs): a forward pre-hook on the decoder body, which every
+    call goes through (plain, shared-prefix and generation passes, on both sides)."""
+
+    def __init__(self, causal_lm) -> None:
+        import torch
+
+        self.trained = 0
+        self.inference = 0
+        self.parameters = flop_parameters(causal_lm)
+        self.shapes = (causal_lm.config.hidden_size, causal_lm.config.intermediate_size)
+
+        def count(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                return
+            mask = kwargs.get("attention_mask")
+            real = int(mask[:, -ids.size(1):].sum()) if mask is not None and mask.dim() == 2 else ids.numel()
+            if torch.is_grad_enabled():
+                self.trained += real
+            else:
+                self.inference += real
+
+        causal_lm.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
+
+    def as_dict(self) -> dict:
+        return {"trained_tokens": self.trained, "inference_tokens": self.inference, "parameters": self.parameters,
+                "model_flops": 6 * self.parameters * self.trained + 2 * self.parameters * self.inference,
+                "matmul_flops_per_s": matmul_flops_per_s(*self.shapes)}
+
+
+def flop_parameters(causal_lm) -> int:
+    """Parameters a token's forward multiplies by: all but an untied input embedding (a lookup)."""
+    embedding = causal_lm.get_input_embeddings().weight
+    head = causal_lm.get_output_embeddings().weight
+    total = sum(p.numel() for p in causal_lm.parameters())
+    return total if embedding is head else total - embedding.numel()
+
+
+def matmul_flops_per_s(hidden: int, intermediate: int, tokens: int = 1024, seconds: float = 3.0) -> float:
+    """This process's fp32 matmul throughput on the model's MLP shapes ([tokens, H] x [H, I]), same
+    threads as the side: the machine's ceiling that utilisation is measured against (best of runs)."""
+    import torch
+
+    a, b = torch.randn(tokens, hidden), torch.randn(hidden, intermediate)
+    torch.mm(a, b)  # warm-up
+    best, started = 0.0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        tick = time.perf_counter()
+        for _ in range(5):
+            torch.mm(a, b)
+        best = max(best, 5 * 2 * tokens * hidden * intermediate / (time.perf_counter() - tick))
+    return best
 
 
 def peak_rss_mb() -> float:
@@ -129,16 +186,25 @@ def run_rlcode(settings: Settings) -> dict:
                   num_generations=settings.num_generations, max_new_tokens=settings.max_new_tokens,
                   temperature=settings.temperature, learning_rate=settings.learning_rate, loss_type="dapo",
                   beta=settings.beta, micro_batch_size=settings.micro_batch_size, max_grad_norm=1.0,
-                  generation_seed=settings.seed)
+                  generation_seed=settings.seed, share_prefix=settings.share_prefix)
     clock = StepClock()
+    counters = []
+
+    class CountTokens(L.Callback):
+        def on_train_batch_start(self, trainer, module, *args) -> None:
+            if not counters:  # the model exists from configure_model on
+                counters.append(TokenCounter(module.policy))
+            if len(clock.ends) == 1:  # the warm-up step is left out, as in tokens/s
+                counters[0].trained = counters[0].inference = 0
+
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=settings.steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, callbacks=[clock])
+                        num_sanity_val_steps=0, callbacks=[clock, CountTokens()])
     trainer.fit(module, train_dataloaders=DataLoader(Batches(), batch_size=None, num_workers=0))
     steps = [b - a for a, b in zip([clock.started] + clock.ends[:-1], clock.ends)]
     return {"side": "rlcode", "step_s": steps, "tokens": clock.tokens, "generation_s": clock.generation,
             "phases": clock.phases, "optimizer_steps": trainer.global_step,
-            "setup_s": clock.started - loaded, "peak_rss_mb": peak_rss_mb()}
+            "setup_s": clock.started - loaded, "peak_rss_mb": peak_rss_mb(), **counters[0].as_dict()}
 
 
 # ---- TRL ---------------------------------------------------------------------------------------
@@ -182,6 +248,8 @@ def run_trl(settings: Settings) -> dict:
 
         def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.perf_counter())
+            if len(self.ends) == 1:  # the warm-up step is left out, as in tokens/s
+                counter.trained = counter.inference = 0
 
     if settings.reward == "execution":
         from rlcode.rewards import ExecutionReward
@@ -210,6 +278,7 @@ def run_trl(settings: Settings) -> dict:
         learning_rate=settings.learning_rate, max_grad_norm=1.0, max_steps=settings.steps, shuffle_dataset=False,
     )
     clock = StepClock()
+    counter = TokenCounter(model)
     loaded = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[clock])
@@ -217,7 +286,7 @@ def run_trl(settings: Settings) -> dict:
     steps = [b - a for a, b in zip([clock.started] + clock.ends[:-1], clock.ends)]
     return {"side": "trl", "step_s": steps, "tokens": list(_TRL_TOKENS_PER_CALL), "generation_s": generation_s,
             "optimizer_steps": trainer.state.global_step, "setup_s": clock.started - loaded,
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), **counter.as_dict()}
 
 
 SIDES = {"rlcode": run_rlcode, "trl": run_trl}
