@@ -1,0 +1,144 @@
+"""Does training move MBPP pass@1? Greedy pass@1 on the 500 MBPP test problems before and after a
+CPU run of a recipe, per seed, with McNemar's exact test on the same problems.
+
+Each seed is one ``rlcode fit --config CONFIG`` (default ``configs/learn_mbpp_cpu.yaml``: its MBPP
+eval callback scores the whole test split greedily at start and at end and writes every problem's
+verdict to ``<run>/eval/step_<n>.json``). Greedy decoding of the same base model gives the same
+baseline for every seed, so only the first seed evaluates at start and the others reuse it
+(``--baseline-every-seed`` re-evaluates it each time). Reported per seed: pass@1 before -> after,
+the problems that flipped each way (b: pass -> fail, c: fail -> pass) and the exact two-sided
+McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2).
+
+    .venv/bin/python benchmarks/learning_mbpp.py [--config configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
+        [--threads 2] [--json out.json] [-- any rlcode fit arguments]
+    .venv/bin/python benchmarks/learning_mbpp.py --from-runs RUN_DIR...   # summarize finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts (1.0 when there are none)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def eval_files(run: Path) -> dict[int, Path]:
+    """Step -> eval JSON of a run directory (searched below it: runs/<experiment>/version_<n>/)."""
+    found = {}
+    for path in run.rglob("eval/step_*.json"):
+        found[int(path.stem.split("_")[1])] = path
+    return found
+
+
+def verdicts(path: Path) -> dict[int, bool]:
+    report = json.loads(path.read_text())
+    return {problem["task_id"]: bool(problem["passed"]) for problem in report["problems"]}
+
+
+def compare(before: dict[int, bool], after: dict[int, bool]) -> dict:
+    if before.keys() != after.keys():
+        raise ValueError(f"the evals scored different problems ({len(before)} vs {len(after)}): "
+                         "compare runs with the same eval split and num_questions")
+    lost = sorted(task for task in before if before[task] and not after[task])
+    gained = sorted(task for task in before if after[task] and not before[task])
+    return {"problems": len(before), "passed_before": sum(before.values()), "passed_after": sum(after.values()),
+            "pass_at_1_before": sum(before.values()) / len(before), "pass_at_1_after": sum(after.values()) / len(after),
+            "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(len(lost), len(gained))}
+
+
+def fit(configs: list[Path], seed: int, root: Path, threads: int, at_start: bool, extra: list[str]) -> float:
+    overlays = [argument for config in configs for argument in ("--config", str(config))]
+    command = [sys.executable, "-m", "rlcode.cli", "fit", *overlays, "--run.root_dir", str(root),
+               "--data.seed", str(seed), "--model.generation_seed", str(seed), "--run.cpu_threads", str(threads),
+               "--eval.at_start", str(at_start).lower(), *extra]
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, cwd=REPO, check=True)
+    return (time.perf_counter() - started) / 60
+
+
+def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None) -> list[dict]:
+    rows = []
+    for seed, run in runs:
+        files = eval_files(run)
+        if not files:
+            raise FileNotFoundError(f"{run} has no eval/step_*.json: did its MBPP eval run (eval.at_end)?")
+        start = files.get(0) or baseline
+        if start is None:
+            raise FileNotFoundError(f"{run} has no step-0 eval and no baseline was given: run the first seed with "
+                                    "eval.at_start true")
+        last = max(files)
+        rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(start), verdicts(files[last]))})
+    return rows
+
+
+def print_table(rows: list[dict], recipe: str) -> None:
+    print(f"\nGreedy pass@1 on MBPP test ({rows[0]['problems']} problems), recipe {recipe}")
+    print("| seed | steps | before | after | change | pass -> fail | fail -> pass | McNemar p |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        change = row["passed_after"] - row["passed_before"]
+        print(f"| {row['seed']} | {row['steps']} | {row['passed_before']} ({row['pass_at_1_before']:.1%}) "
+              f"| {row['passed_after']} ({row['pass_at_1_after']:.1%}) | {change:+d} | {len(row['lost'])} "
+              f"| {len(row['gained'])} | {row['mcnemar_p']:.3g} |")
+    for row in rows:
+        print(f"seed {row['seed']}: lost {row['lost']}, gained {row['gained']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, nargs="+", default=[REPO / "configs" / "learn_mbpp_cpu.yaml"],
+                        help="the recipe: a config and optional overlays (rlcode fit --config ...)")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--root", type=Path, help="run directories go here (default: a new temp dir)")
+    parser.add_argument("--baseline-every-seed", action="store_true",
+                        help="evaluate the base model in every seed's run instead of reusing the first")
+    parser.add_argument("--from-runs", type=Path, nargs="+", help="summarize these finished run directories")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("fit_args", nargs=argparse.REMAINDER, help="after --: more rlcode fit arguments")
+    args = parser.parse_args()
+    extra = [a for a in args.fit_args if a != "--"]
+    recipe = "+".join(config.stem for config in args.config)
+
+    if args.from_runs:
+        runs = [(run.name, run) for run in args.from_runs]
+        baseline = next((files[0] for _, run in runs if 0 in (files := eval_files(run))), None)
+        rows = summarize(runs, baseline)
+    else:
+        root = args.root or Path(tempfile.mkdtemp(prefix="learning-mbpp-"))
+        runs, minutes, baseline = [], {}, None
+        for seed in args.seeds:
+            run = root / f"{recipe}-seed{seed}"
+            minutes[seed] = fit(args.config, seed, run, args.threads, baseline is None or args.baseline_every_seed,
+                                extra)
+            baseline = baseline or eval_files(run).get(0)
+            runs.append((seed, run))
+        rows = summarize(runs, baseline)
+        for row in rows:
+            row["minutes"] = minutes[row["seed"]]
+    print_table(rows, recipe)
+    line = {"benchmark": "learning_mbpp", "recipe": recipe, "load_avg_1m": os.getloadavg()[0], "results": rows}
+    print(json.dumps(line))
+    if args.json:
+        args.json.write_text(json.dumps(line, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The learning benchmark's statistics: McNemar's exact test and the before/after comparison."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_mbpp.py"
+_spec = importlib.util.spec_from_file_location("learning_mbpp", _PATH)
+learning_mbpp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learning_mbpp)
+
+
+@pytest.mark.parametrize(("b", "c", "p"), [(0, 0, 1.0), (0, 5, 2 / 32), (5, 0, 2 / 32), (2, 8, 2 * 56 / 1024),
+                                           (4, 4, 1.0), (1, 2, 1.0)])
+def test_mcnemar_exact_p_values(b, c, p):
+    assert learning_mbpp.mcnemar_exact(b, c) == pytest.approx(p)
+
+
+def test_compare_lists_the_flips_each_way(tmp_path):
+    def report(step, passed):
+        path = tmp_path / "runs" / "x" / "version_0" / "eval" / f"step_{step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"problems": [{"task_id": t, "passed": t in passed} for t in range(11, 17)]}))
+
+    report(0, {11, 12, 13})
+    report(40, {12, 13, 14, 15})
+    [row] = learning_mbpp.summarize([(0, tmp_path)], baseline=None)
+    assert (row["steps"], row["passed_before"], row["passed_after"]) == (40, 3, 4)
+    assert (row["lost"], row["gained"]) == ([11], [14, 15])
+    assert row["mcnemar_p"] == pytest.approx(1.0)
+
+
+def test_evals_of_different_problems_are_refused():
+    with pytest.raises(ValueError, match="different problems"):
+        learning_mbpp.compare({1: True, 2: False}, {1: True})
