@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -22,9 +20,8 @@ import pytest
 import rlcode.sandbox.launch as launch
 from rlcode.sandbox import IsolationUnavailable, SandboxPool, Status
 from rlcode.sandbox.isolation import ALLOW_VISIBLE_FS_ENV
+from unprivileged_user import REPO, TEST_UID, run_as_user
 
-REPO = Path(__file__).resolve().parents[1]
-TEST_UID = 61000  # any unprivileged uid: it needs no passwd entry
 SAMPLE = textwrap.dedent("""
     import json, os, random
     home = {home!r}
@@ -43,21 +40,6 @@ SAMPLE = textwrap.dedent("""
     open("mine.txt", "w").write("fine")  # its own temp dir stays writable
     tries["own-tmp"] = open("mine.txt").read()
     print(json.dumps(tries))
-""")
-HELPER = textwrap.dedent("""
-    import os, sys
-    repo, uid, home, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    sys.path.insert(0, repo)
-    from rlcode.sandbox.inside import worker_mounts  # stdlib-only: safe to import as root here
-    # The interpreter may live under root's 0700 home (pyenv): reachable read-only, in a private
-    # mount namespace of this helper only.
-    if not worker_mounts.expose_to_sandbox_user(os.path.realpath(sys.base_prefix)):
-        sys.exit("could not make the python prefix reachable for uid %d" % uid)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    env = {"HOME": home, "PATH": path, "PYTHONPATH": repo}
-    os.execve(sys.executable, [sys.executable, "-c", sys.argv[5]], env)
 """)
 RUNNER = textwrap.dedent("""
     import json, sys
@@ -114,8 +96,7 @@ def test_unprivileged_user_cannot_touch_its_own_files(path, level):
     home = _home_with_token(TEST_UID)
     try:
         runner = RUNNER.format(sample=SAMPLE.format(home=home, repo=str(REPO)))
-        done = subprocess.run([sys.executable, "-c", HELPER, str(REPO), str(TEST_UID), home, path, runner],
-                              capture_output=True, text=True, timeout=180)
+        done = run_as_user(runner, home=home, path=path)
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["level"] == level and report["status"] == "ok", report

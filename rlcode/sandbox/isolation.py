@@ -202,7 +202,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
                                         if not abi else "not applied"),
         "tmpfs_per_execution": "a fresh tmpfs for the temp dir and /dev/shm whenever an execution left "
         "anything" if worker.get("tmpfs_per_execution") else
-        "the temp dir is emptied with fd-relative deletes; a worker that cannot empty it is recycled",
+        "the temp dir (a directory of the worker's own) is emptied with fd-relative deletes; a worker "
+        "that cannot empty it is recycled",
         "ipc_objects_denied": "SysV IPC and POSIX message queues denied by seccomp (nothing outlives an "
         "execution)" if worker.get("seccomp") else "no seccomp: as root the worker moves to a fresh IPC "
         "namespace when an execution leaves objects" if real_uid_drop else "IPC objects may outlive executions",

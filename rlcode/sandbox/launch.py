@@ -106,9 +106,12 @@ def build_launch(level: str, staging: str, limits: Limits, *, bwrap: str | None 
     env = sandbox_env(prefix)
     has_seccomp = os.path.exists(os.path.join(staging, SECCOMP_FILE))
     if level == "process":
+        # Each worker makes its own temp dir in tmp_root (inside/scratch.py). The sandbox uids must
+        # reach theirs by path (TMPDIR, HOME), but need not list the others'.
         worker_dir, tmp_root = staging, os.path.join(staging, "tmp")
-        os.makedirs(tmp_root, mode=0o755, exist_ok=True)
-        os.chmod(staging, 0o711)  # the sandbox uids must reach their temp dir by path (TMPDIR, HOME)
+        os.makedirs(tmp_root, exist_ok=True)
+        os.chmod(tmp_root, 0o711)
+        os.chmod(staging, 0o711)
         argv = [executable, "-I", "-S", os.path.join(staging, "worker_main.py")]
     else:
         worker_dir, tmp_root = WORKER_DIR_IN_SANDBOX, "/tmp"

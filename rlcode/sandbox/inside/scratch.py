@@ -3,6 +3,11 @@ executions so that nothing one execution leaves is seen by the next, and the Lan
 lets a child write there and nowhere else. Standalone stdlib code (runs in the worker, see
 worker_main.py).
 
+The temp dir is a new directory of the worker's own, never a fixed path under the pool's shared temp
+root: without bubblewrap or a mount of its own (the process level as another user) all of a pool's
+workers see the same filesystem, and a fixed path let one execution see a concurrent one's files and
+one worker's cleanup delete another's mid-run.
+
 Where the worker may mount (root in its own mount namespace: bwrap, or the process level as root),
 each directory is a tmpfs of its own, capped in bytes and inodes, and a dirty one is replaced by a
 fresh tmpfs (the old one is detached and freed whole, however deep or full it was). Elsewhere the
@@ -36,7 +41,7 @@ class WorkerScratch:
             private_shm: /dev/shm is ours alone (bwrap, or mounted by us); else the host's, left alone.
             landlock_policy: a ``landlock.Policy`` (None: the kernel has no Landlock).
         """
-        self.workdir = ScratchDir(f"{tmp_root}/work", mode=0o700, owner=owner, mount=mount,
+        self.workdir = ScratchDir(new_directory(tmp_root, "work"), mode=0o700, owner=owner, mount=mount,
                                   size_bytes=size_bytes, inodes=inodes)
         self.shm = ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=mount, size_bytes=size_bytes,
                               inodes=inodes) if private_shm else None
@@ -55,6 +60,11 @@ class WorkerScratch:
         self.recycle = self.recycle or not clean
         self._refresh_ruleset()
 
+    def close(self) -> None:
+        """Remove the worker's temp dir as it exits (after the last reset: it is empty, or a wreck
+        that stays for the pool's own cleanup), so that recycled workers leave nothing behind."""
+        self.workdir.remove()
+
     def _refresh_ruleset(self) -> None:
         writable = [d for d in (self.workdir, self.shm) if d is not None]
         key = tuple((d.path, d.generation) for d in writable)
@@ -70,6 +80,7 @@ class ScratchDir:
 
     def __init__(self, path: str, *, mode: int, owner, mount: bool, size_bytes: int, inodes: int):
         self.path, self.mode, self.owner = path, mode, owner
+        self.stem = os.path.basename(path)  # a replacement is named after it
         self.options = f"mode={mode:o},size={size_bytes},nr_inodes={inodes}"
         if owner is not None:
             self.options += f",uid={owner},gid={owner}"
@@ -96,11 +107,19 @@ class ScratchDir:
         if clear_directory(self.path, time.monotonic() + CLEAR_BUDGET_S):
             self._restore_root()
             return True
-        self.path = f"{self.path.rstrip('/0123456789-')}-{time.monotonic_ns()}"  # leave the wreck
-        os.mkdir(self.path, 0o700)
+        self.path = new_directory(os.path.dirname(self.path), self.stem)  # leave the wreck
         self._restore_root()
         self.generation += 1
         return False
+
+    def remove(self) -> None:
+        """Unmount it and remove it if empty; left as it is otherwise."""
+        if self.mounted:
+            _libc.umount2(self.path.encode(), MNT_DETACH)
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
 
     def _mount(self) -> bool:
         flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
@@ -121,6 +140,17 @@ class ScratchDir:
                 os.chown(self.path, self.owner, self.owner)
         except OSError:
             pass
+
+
+def new_directory(parent: str, stem: str) -> str:
+    """Make ``parent/stem-<random>``, 0700: a directory no other worker has (the mkdir is exclusive)."""
+    while True:
+        path = f"{parent}/{stem}-{os.urandom(6).hex()}"
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
 
 
 def clear_directory(path: str, deadline: float) -> bool:

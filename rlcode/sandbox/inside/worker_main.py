@@ -377,7 +377,10 @@ def main() -> None:
     # then never walk (and copy-on-write) the pre-imported modules' objects.
     gc.collect()
     gc.freeze()
-    worker.serve()
+    try:
+        worker.serve()
+    finally:  # its child's tree is gone: nothing writes to its temp dir any more
+        worker.scratch.close()
 
 
 if __name__ == "__main__":
