@@ -128,3 +128,29 @@ def test_a_worker_whose_scratch_cannot_be_emptied_is_recycled():
         first.retiring = True  # what a {"recycle": true} result sets
         assert pool.submit("pass").result().status is Status.OK
         assert slot.worker is not first
+
+
+def _deep_tree(top: str, depth: int) -> None:
+    """A chain of ``depth`` directories under ``top``, each a name long, with a file at the bottom."""
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    fd = os.open(top, flags)
+    for _ in range(depth):
+        os.mkdir("e" * 100, dir_fd=fd)
+        below = os.open("e" * 100, flags, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    os.close(fd)
+
+
+def test_closing_a_pool_deletes_a_staging_tree_too_deep_for_rmtree():
+    """What a killed worker leaves in the staging dir can be a tree deeper than PATH_MAX and than
+    Python's recursion limit: ``shutil.rmtree(ignore_errors=True)`` raised RecursionError out of
+    ``close()`` there. The fd-relative walk deletes it and only it."""
+    pool = SandboxPool(workers=1, isolation="process")
+    staging = pool._staging
+    _deep_tree(staging, 3000)
+    assert pool.submit("print(1)").result().stdout.strip() == "1"
+    pool.close()
+    assert not os.path.lexists(staging)
+    assert os.path.isdir(os.path.dirname(staging))  # its parent (the temp dir) is still there

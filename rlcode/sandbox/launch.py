@@ -6,13 +6,17 @@ of the stdlib-only files in ``inside/``, so nothing from the project or site-pac
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
@@ -85,9 +89,31 @@ def _remove_orphaned_stagings() -> None:
             owner = int((path / OWNER_FILE).read_text())
             os.kill(owner, 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_staging(path)
         except (OSError, ValueError):
             pass  # not ours to judge (no owner file yet, or another user's)
+
+
+def remove_staging(path: str | os.PathLike) -> bool:
+    """Delete a pool's staging directory, however deep a sandboxed program made the tree in it.
+
+    ``shutil.rmtree`` recurses (a RecursionError past ~1,000 levels, which ``ignore_errors`` does
+    not catch) and joins paths (ENAMETOOLONG past PATH_MAX); the workers' fd-relative walk does
+    neither. It never leaves ``path``: it checks each directory it climbs back to. False (and the
+    directory left in place) when something could not be removed in time.
+    """
+    from .inside.scratch import clear_directory
+
+    if not os.path.isdir(path) or os.path.islink(path):
+        return not os.path.lexists(path)
+    if clear_directory(os.fspath(path), time.monotonic() + 60.0):
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            pass
+    log.warning("Could not delete the sandbox staging directory %s: remove it by hand.", path)
+    return False
 
 
 def sandbox_env(prefix: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from . import cgroups, slot_uids
 from .isolation import IsolationReport, IsolationUnavailable, probe_isolation, refuse_visible_filesystem
 from .job_queue import Job, JobQueue, internal_result
-from .launch import Limits
+from .launch import Limits, remove_staging
 from .result import ExecResult, ExecutionInfo, Program, Status
 from .worker_process import WorkerProcess
 from .worker_slot import WorkerSlot, WorkerSpec
@@ -194,7 +194,7 @@ class SandboxPool:
             slot.thread.join(timeout=30)
         self._completions.put(None)
         self._completer.join(timeout=30)
-        shutil.rmtree(self._staging, ignore_errors=True)
+        remove_staging(self._staging)  # a candidate may have left a tree too deep for rmtree
         self._release_host_resources()
 
     def _release_host_resources(self) -> None:
