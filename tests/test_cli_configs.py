@@ -11,7 +11,8 @@ from rlcode import cli
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml"}  # applied on top of the quickstart, not alone
+OVERLAYS = {"tiny_test.yaml": "quickstart.yaml",  # overlay -> the config it is applied on top of
+            "learn_mbpp_cpu_lora.yaml": "learn_mbpp_cpu.yaml"}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
@@ -30,7 +31,8 @@ def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
 def test_every_config_parses(config, capsys):
-    base = [REPO / "configs/quickstart.yaml"] if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
+    base = [REPO / "configs" / OVERLAYS.get(config.name, "quickstart.yaml")] \
+        if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
     merged = _print_config(capsys, *base, config)
     if merged["model_class"].endswith(".SPIRAL"):
         assert merged["data_class"].endswith(".GameDataModule") and merged["data"]["games"]
