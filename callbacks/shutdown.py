@@ -47,7 +47,9 @@ class GracefulShutdown(L.Callback):
             return
         rank_zero_info(f"\n{self.requested} received: finishing this step, then saving a checkpoint{then} "
                        "(send it again to stop at once)")
-        self._restore()  # a second signal acts immediately
+        # A second signal acts immediately. Not through the handler found at start: under Lightning
+        # that is its own SIGTERM handler, which only logs, so a second SIGTERM did not stop the run.
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Under DDP a signal may reach some ranks only, but saving a checkpoint is collective: a

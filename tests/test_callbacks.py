@@ -98,12 +98,30 @@ def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path)
         assert not trainer.should_stop and not saved  # nothing happens without a signal
         signal.raise_signal(signal.SIGINT)  # would be a KeyboardInterrupt without the callback
         assert callback.requested == "SIGINT"
-        assert signal.getsignal(signal.SIGINT) is before  # a second Ctrl-C acts at once
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a second Ctrl-C acts at once
         callback.on_train_batch_end(trainer, None, None, None, 1)
         assert trainer.should_stop and saved == [f"{tmp_path}/last.ckpt"]
     finally:
         callback.on_train_end(trainer, None)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_sigterm_stops_at_once_even_under_a_logging_handler():
+    """Lightning installs a SIGTERM handler that only logs; restoring it after the first SIGTERM
+    made "send it again to stop at once" false (seen: a run kept going to its next checkpoint)."""
+    logged = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: logged.append(signum))  # Lightning's stand-in
+    callback = GracefulShutdown()
+    trainer = SimpleNamespace()
+    try:
+        callback.on_train_start(trainer, None)
+        signal.raise_signal(signal.SIGTERM)
+        assert callback.requested == "SIGTERM" and not logged
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the next SIGTERM terminates
+        callback.on_train_end(trainer, None)
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the run's end puts back the one found
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_eval_question_count_comes_from_the_environment(monkeypatch):
