@@ -93,7 +93,7 @@ def test_prompt_formats_show_the_tests():
 
 
 def test_eval_loaders_do_not_move_the_training_stream():
-    dm = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=5)
+    dm = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=5, eval_batch_size=2)
     before = dict(dm.position)
     batches = list(dm.val_dataloader())
     assert [len(b["task_id"]) for b in batches] == [2, 2, 1]
@@ -102,3 +102,16 @@ def test_eval_loaders_do_not_move_the_training_stream():
         dm.on_before_batch_transfer(batch, 0)
     assert dm.position == before
     assert next(iter(dm.test_dataloader()))["task_id"][0] == 11  # test split: 11-510
+
+
+def test_eval_batches_have_their_own_size_not_the_training_steps():
+    """A training step's 2 prompts made `rlcode validate` generate 2 at a time (issue 11)."""
+    sized = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=40, eval_batch_size=16)
+    assert [len(b["task_id"]) for b in sized.val_dataloader()] == [16, 16, 8]
+    assert [len(b["task_id"]) for b in sized.test_dataloader()] == [16, 16, 8]
+    auto = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=40)  # no trainer: a CPU
+    assert auto.resolved_eval_batch_size() == 16
+    ids = [i for b in auto.val_dataloader() for i in b["task_id"]]
+    assert ids == [t.task_id for t in auto.eval_tasks(40)]  # the split's order, whatever the batching
+    with pytest.raises(ValueError, match="eval_batch_size must be >= 1"):
+        MBPPDataModule(source=MBPP_PATH, eval_batch_size=0)

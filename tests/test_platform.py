@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlcode.platform import PlatformInfo, default_accelerator, default_precision, detect_platform, supports_bf16
+from rlcode.platform import (PlatformInfo, default_accelerator, default_eval_batch_size, default_precision,
+                             detect_platform, supports_bf16)
 
 
 def gpu(capability, name="GPU"):
@@ -113,3 +114,8 @@ def test_cli_builds_the_trainer_with_the_chosen_precision(monkeypatch):
                           args=["--config", str(repo / "configs/quickstart.yaml"),
                                 "--config", str(repo / "configs/tiny_test.yaml"), "--trainer.accelerator", "cpu"])
     assert built.trainer.precision == "bf16-mixed" and built.model.hparams.precision == "bf16-mixed"
+
+
+def test_eval_batch_size_is_larger_on_a_gpu():
+    assert default_eval_batch_size("cpu") == 16
+    assert default_eval_batch_size("cuda") == 32

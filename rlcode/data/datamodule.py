@@ -12,8 +12,9 @@ Lightning stores in checkpoints (``state_dict``/``load_state_dict``). The positi
 not when the loader prefetches the next one, so a checkpoint written after step N resumes at batch
 N + 1 exactly.
 
-Evaluation tasks (``eval_split``) are not a dataloader: the MBPP eval callback asks for them with
-``eval_tasks()`` and scores them with the policy itself.
+Evaluation tasks (``eval_split``) are not part of the stream: the MBPP eval callback asks for them
+with ``eval_tasks()`` and scores them with the policy itself; ``rlcode validate`` / ``test`` read them
+from ``val_dataloader`` / ``test_dataloader`` in batches of ``eval_batch_size``, in the split's order.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class MBPPDataModule(L.LightningDataModule):
         prompt_format: PromptFormat = "chat",
         seed: int = 0,
         num_eval_tasks: int | None = None,
+        eval_batch_size: int | None = None,
     ) -> None:
         """MBPP prompts for training and tasks for evaluation.
 
@@ -96,12 +98,17 @@ class MBPPDataModule(L.LightningDataModule):
             seed: seeds the per-epoch shuffle of the training prompts.
             num_eval_tasks: first N tasks scored by ``rlcode validate`` / ``rlcode test`` (None: the
                 whole split); during ``fit`` the MBPP eval callback's ``num_questions`` applies.
+            eval_batch_size: problems generated together by ``rlcode validate`` / ``rlcode test`` and,
+                unless it sets its own, the MBPP eval callback. Only speed depends on it (greedy
+                completions are the same at any size). None: 16 on CPU, 32 on a GPU.
         """
         super().__init__()
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt_format {prompt_format!r}: use one of {', '.join(PROMPT_FORMATS)}")
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"data.eval_batch_size must be >= 1 (or null: sized for the device), got {eval_batch_size}")
         self.source = source or os.environ.get(ENV_VAR) or HUB_ID
         self.train_split = train_split
         self.eval_split = eval_split
@@ -110,6 +117,7 @@ class MBPPDataModule(L.LightningDataModule):
         self.prompt_format = prompt_format
         self.seed = seed
         self.num_eval_tasks = num_eval_tasks
+        self.eval_batch_size = eval_batch_size
         self.train_tasks: list[MBPPTask] = []
         self.position = {"epoch": 0, "batch": 0}
         self._eval_tasks: list[MBPPTask] | None = None
@@ -151,8 +159,18 @@ class MBPPDataModule(L.LightningDataModule):
         tasks = load_mbpp(self.source, split="test")
         return self._eval_loader(tasks[: self.num_eval_tasks] if self.num_eval_tasks else tasks)
 
+    def resolved_eval_batch_size(self) -> int:
+        """``eval_batch_size``, or when None the default for the device the trainer runs on."""
+        from rlcode.platform import default_eval_batch_size
+
+        if self.eval_batch_size is not None:
+            return self.eval_batch_size
+        device = self.trainer.strategy.root_device.type if self.trainer is not None else "cpu"
+        return default_eval_batch_size(device)
+
     def _eval_loader(self, tasks: list[MBPPTask]):
-        size = self.prompts_per_step
+        # Not prompts_per_step: a training step's 2-4 prompts make a slow eval batch (issue 11).
+        size = self.resolved_eval_batch_size()
         batches = []
         for start in range(0, len(tasks), size):
             batch = self.make_batch(tasks[start:start + size], 0, start)
