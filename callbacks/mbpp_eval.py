@@ -33,7 +33,7 @@ class MBPPEval(L.Callback):
         temperature: float = 0.2,
         max_new_tokens: int | None = None,
         timeout: float = 10.0,
-        batch_size: int = 8,
+        batch_size: int | None = None,
         sandbox_workers: int | None = None,
     ) -> None:
         """Score the policy on the DataModule's eval split (``data.eval_split``).
@@ -49,9 +49,12 @@ class MBPPEval(L.Callback):
             temperature: sampling temperature of the pass@k samples.
             max_new_tokens: generation limit (None: the model's ``max_new_tokens``).
             timeout: seconds each program may run.
-            batch_size: prompts generated together.
+            batch_size: prompts generated together (speed only: greedy completions do not depend
+                on it); None: the DataModule's ``eval_batch_size`` (16 on CPU, 32 on a GPU by default).
             sandbox_workers: sandbox worker processes (None: the node's cores shared among its ranks).
         """
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1 (or null: data.eval_batch_size), got {batch_size}")
         self.num_questions = num_questions
         self.every_n_steps = every_n_steps
         self.at_start = at_start
@@ -107,13 +110,18 @@ class MBPPEval(L.Callback):
             return None  # not an MBPP mode (e.g. SPIRAL games: see callbacks/game_eval.py)
         tasks = datamodule.eval_tasks(self.effective_num_questions)
         from rlcode.data.prompts import build_prompt
+        from rlcode.eval.progress import EvalProgress
 
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
+        # A line per batch while it runs; the last batch's is the summary line below.
+        progress = EvalProgress(f"MBPP eval at step {trainer.global_step} ({datamodule.eval_split})", len(tasks),
+                                last_line=False)
         report = score_policy(
             pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
             split=datamodule.eval_split, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
             temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
-            timeout=self.timeout, batch_size=self.batch_size)
+            timeout=self.timeout, batch_size=self.batch_size or datamodule.resolved_eval_batch_size(),
+            progress=progress)
         self._last_step = trainer.global_step
         path = None
         if trainer.is_global_zero:
@@ -126,7 +134,8 @@ class MBPPEval(L.Callback):
         self.history.append({"step": trainer.global_step, **report.metrics(), "pass_rate": report.pass_rate,
                              "num_questions": len(report.problems), "path": str(path) if path else None})
         rank_zero_info(f"  MBPP eval at step {trainer.global_step} ({datamodule.eval_split}): pass rate "
-                       f"{report.pass_rate:.2f} ({report.problems_passed}/{len(report.problems)})"
+                       f"{report.pass_rate:.2f} ({report.problems_passed}/{len(report.problems)}), "
+                       f"{progress.problems_per_second:.2f} problems/s"
                        + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))
         return report
 

@@ -48,7 +48,7 @@ def rollout_rows(run: Path) -> list[dict]:
 
 
 def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
-    run = fit(tmp_path)
+    run = fit(tmp_path, "--eval.batch_size", "1")
     for name in ("config.yaml", "metrics.csv", "rollouts.jsonl", "plots/training.png",
                  "checkpoints/step-1.ckpt", "checkpoints/step-2.ckpt", "checkpoints/last.ckpt",
                  "eval/step_0.json", "eval/step_2.json"):
@@ -70,6 +70,9 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
     assert {row["step"] for row in rollout_rows(run)} == {0, 1}
     out = capsys.readouterr().out
     assert "rlcode fit finished: 2 optimizer steps" in out and str(run) in out
+    # The eval's progress: a line per batch but the last, whose line is the eval's summary (on stderr).
+    assert "  MBPP eval at step 0 (validation): 1/2 problems, pass rate 0.000 (0/1), " in out
+    assert "  MBPP eval at step 0 (validation): 2/2 problems" not in out
 
     trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
     assert any(not torch.equal(trained[k], start[k]) for k in start), "the optimizer never changed the weights"
@@ -134,10 +137,10 @@ def test_unknown_reward_is_a_one_line_error(tmp_path):
         fit(tmp_path, "--model.rewards", "[nope]")
 
 
-def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch):
+def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, capsys):
     """The greedy pass rate counts passing programs: the 'model' answers the first two problems with
     MBPP's reference solutions and the third with a wrong one, so the rate must be 2/3 (a judge that
-    failed everything, or passed everything, would not give it)."""
+    failed everything, or passed everything, would not give it). Each eval batch prints a progress line."""
     import dataclasses
 
     from rlcode.algorithms.grpo import GRPO
@@ -159,11 +162,16 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch):
     for subcommand, prefix, split in (("validate", "mbpp_eval", "validation"), ("test", "mbpp_test", "test")):
         tasks[:] = load_mbpp(os.environ["MBPP_DATASET_PATH"], split=split)[:3]
         root = tmp_path / subcommand
-        main([subcommand, *BASE, "--run.root_dir", str(root), "--data.num_eval_tasks", "3"])
+        main([subcommand, *BASE, "--run.root_dir", str(root), "--data.num_eval_tasks", "3",
+              "--data.eval_batch_size", "2"])
         with next(root.glob("tiny/version_*/metrics.csv")).open() as handle:
             row = next(csv.DictReader(handle))
         assert float(row[f"{prefix}/pass_rate"]) == pytest.approx(2 / 3)
         assert float(row[f"{prefix}/problems_passed"]) == 2.0
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  MBPP {subcommand}:")]
+        assert [line.split(", ")[:2] for line in lines] == [
+            [f"  MBPP {subcommand}: 2/3 problems", "pass rate 1.000 (2/2)"],
+            [f"  MBPP {subcommand}: 3/3 problems", "pass rate 0.667 (2/3)"]]
 
 
 @pytest.mark.parametrize("adapter", ["full", "lora"])

@@ -173,6 +173,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
         self._eval_pool = None  # sandbox of rlcode validate / test
+        self._eval_progress = None  # its progress lines (rlcode.eval.progress)
         self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
         self.init_resume_state()  # resume_parts: more state for an exact resume (resume_state.py)
 
@@ -330,17 +331,22 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        self._log_greedy_pass_rate(batch, "mbpp_eval")
+        self._log_greedy_pass_rate(batch, batch_idx, "mbpp_eval")
 
     def test_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        self._log_greedy_pass_rate(batch, "mbpp_test")
+        self._log_greedy_pass_rate(batch, batch_idx, "mbpp_test")
 
-    def _log_greedy_pass_rate(self, batch: PromptBatch, prefix: str) -> None:
+    def _log_greedy_pass_rate(self, batch: PromptBatch, batch_idx: int, prefix: str) -> None:
         from rlcode.eval.policy_scoring import score_batch
+        from rlcode.eval.progress import EvalProgress, problems_in_eval_loop
 
         if self._eval_pool is None:
             self._eval_pool = self.sandbox_pool(self.hparams.reward_timeout)
-        report = score_batch(self, batch, self._eval_pool, split=prefix)
+        if batch_idx == 0:  # a new validate / test loop: count its problems from zero
+            testing = prefix == "mbpp_test"
+            self._eval_progress = EvalProgress("MBPP test" if testing else "MBPP validate",
+                                               problems_in_eval_loop(self.trainer, testing))
+        report = score_batch(self, batch, self._eval_pool, split=prefix, progress=self._eval_progress)
         count = len(report.problems)
         self.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)

@@ -10,7 +10,10 @@ template as training); programs run in a sandbox pool against the problem's asse
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from rlcode.eval.progress import EvalProgress
 
 
 class Problem(Protocol):
@@ -74,17 +77,27 @@ class EvalReport:
 
 def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, *, step: int, split: str,
                  num_samples: int = 0, ks: Sequence[int] = (), temperature: float = 0.0, max_new_tokens: int,
-                 timeout: float, batch_size: int) -> EvalReport:
+                 timeout: float, batch_size: int, progress: EvalProgress | None = None) -> EvalReport:
     """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
 
-    ``prompts`` are rendered (one per problem); ``batch_size`` prompts are generated together.
+    ``prompts`` are rendered (one per problem); ``batch_size`` prompts are generated together, and
+    each batch is checked before the next one is generated, so ``progress`` can report it. Greedy
+    completions do not depend on the batch size (``tests/test_eval_batching.py``): it sets speed only.
     """
     from rlcode.eval.passk import mean_pass_at_k
 
-    greedy = _generate(module, prompts, 1, 0.0, max_new_tokens, batch_size, seed=step)
-    greedy_verdicts = _check_all(pool, problems, greedy, 1, timeout)
-    results = [ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
-               for problem, completion, verdict in zip(problems, greedy, greedy_verdicts)]
+    if batch_size < 1:
+        raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
+    results: list[ProblemResult] = []
+    for start in range(0, len(prompts), batch_size):
+        batch_problems = problems[start:start + batch_size]
+        greedy = _generate(module, prompts[start:start + batch_size], 1, 0.0, max_new_tokens, batch_size,
+                           seed=step + start)
+        verdicts = _check_all(pool, batch_problems, greedy, 1, timeout)
+        results.extend(ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
+                       for problem, completion, verdict in zip(batch_problems, greedy, verdicts))
+        if progress is not None:
+            progress.add(verdict.all_passed for verdict in verdicts)
     pass_at_k = {}
     if num_samples > 0:
         sampled = _generate(module, prompts, num_samples, temperature, max_new_tokens,
@@ -101,8 +114,9 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     return EvalReport(step, split, temperature, results, pass_at_k)
 
 
-def score_batch(module, batch: dict, pool, *, split: str) -> EvalReport:
-    """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns."""
+def score_batch(module, batch: dict, pool, *, split: str, progress: EvalProgress | None = None) -> EvalReport:
+    """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns,
+    generated together (the DataModule's ``eval_batch_size`` sized the batch)."""
     count = len(batch["task_id"])
     problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
                                                   batch.get("test_setup_code") or [""] * count,
@@ -110,7 +124,7 @@ def score_batch(module, batch: dict, pool, *, split: str) -> EvalReport:
     prompts = [module.render(prompt) for prompt in batch["prompt"]]
     return score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
                         max_new_tokens=module.hparams.max_new_tokens, timeout=module.hparams.reward_timeout,
-                        batch_size=len(prompts))
+                        batch_size=len(prompts), progress=progress)
 
 
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
