@@ -169,9 +169,9 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, ca
         assert float(row[f"{prefix}/pass_rate"]) == pytest.approx(2 / 3)
         assert float(row[f"{prefix}/problems_passed"]) == 2.0
         lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  MBPP {subcommand}:")]
-        assert [line.split(", ")[:2] for line in lines] == [
-            [f"  MBPP {subcommand}: 2/3 problems", "pass rate 1.000 (2/2)"],
-            [f"  MBPP {subcommand}: 3/3 problems", "pass rate 0.667 (2/3)"]]
+        assert [line.split(", ")[0] for line in lines] == [f"  MBPP {subcommand}: 2/3 problems",
+                                                           f"  MBPP {subcommand}: 3/3 problems"]
+        assert lines[-1].split(", ")[1] == "pass rate 0.667 (2/3)"
 
 
 @pytest.mark.parametrize("adapter", ["full", "lora"])

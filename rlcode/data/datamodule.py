@@ -14,7 +14,7 @@ N + 1 exactly.
 
 Evaluation tasks (``eval_split``) are not part of the stream: the MBPP eval callback asks for them
 with ``eval_tasks()`` and scores them with the policy itself; ``rlcode validate`` / ``test`` read them
-from ``val_dataloader`` / ``test_dataloader`` in batches of ``eval_batch_size``, in the split's order.
+from ``val_dataloader`` / ``test_dataloader`` in batches of ``eval_batch_size``, shortest prompts first.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from rlcode.data.mbpp import ENV_VAR, HUB_ID
-from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt
+from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt, length_order
 
 if TYPE_CHECKING:
     from rlcode.data.mbpp import MBPPTask
@@ -171,6 +171,8 @@ class MBPPDataModule(L.LightningDataModule):
     def _eval_loader(self, tasks: list[MBPPTask]):
         # Not prompts_per_step: a training step's 2-4 prompts make a slow eval batch (issue 11).
         size = self.resolved_eval_batch_size()
+        # Shortest prompts first, so each batch is padded little; the pass rate is a sum over tasks.
+        tasks = [tasks[i] for i in length_order([build_prompt(t, self.prompt_format) for t in tasks])]
         batches = []
         for start in range(0, len(tasks), size):
             batch = self.make_batch(tasks[start:start + size], 0, start)

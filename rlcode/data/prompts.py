@@ -56,5 +56,18 @@ def build_prompt(task: MBPPTask, prompt_format: PromptFormat = "chat") -> Prompt
     raise ValueError(f"unknown prompt_format {prompt_format!r}: use one of {', '.join(PROMPT_FORMATS)}")
 
 
+def length_order(prompts: list[Prompt]) -> list[int]:
+    """Indices of ``prompts`` from shortest to longest (characters; ties keep their order).
+
+    Evals generate in this order so that a batch holds prompts of similar length: one 740-token
+    MBPP prompt among 170-token ones pads every row of its batch to 740 tokens. Greedy completions
+    do not depend on their batch-mates (tests/test_eval_batching.py), so this changes speed only.
+    """
+    def length(prompt: Prompt) -> int:
+        return len(prompt) if isinstance(prompt, str) else sum(len(m.get("content", "")) for m in prompt)
+
+    return sorted(range(len(prompts)), key=lambda index: length(prompts[index]))
+
+
 def _tests(task: MBPPTask) -> str:
     return "\n".join(test.strip() for test in task.test_list)

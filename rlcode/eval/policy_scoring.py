@@ -80,22 +80,26 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
                  timeout: float, batch_size: int, progress: EvalProgress | None = None) -> EvalReport:
     """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
 
-    ``prompts`` are rendered (one per problem); ``batch_size`` prompts are generated together, and
-    each batch is checked before the next one is generated, so ``progress`` can report it. Greedy
-    completions do not depend on the batch size (``tests/test_eval_batching.py``): it sets speed only.
+    ``prompts`` are rendered (one per problem); ``batch_size`` prompts of similar length are
+    generated together, and each batch is checked before the next one is generated, so ``progress``
+    can report it. Greedy completions do not depend on the batch size or on which prompts share a
+    batch (``tests/test_eval_batching.py``): both set speed only. The report lists the problems in
+    the order given.
     """
+    from rlcode.data.prompts import length_order
     from rlcode.eval.passk import mean_pass_at_k
 
     if batch_size < 1:
         raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
-    results: list[ProblemResult] = []
-    for start in range(0, len(prompts), batch_size):
-        batch_problems = problems[start:start + batch_size]
-        greedy = _generate(module, prompts[start:start + batch_size], 1, 0.0, max_new_tokens, batch_size,
-                           seed=step + start)
+    results: list[ProblemResult | None] = [None] * len(prompts)
+    order = length_order(prompts)  # batches of similar lengths, padded little; results stay in order
+    for start in range(0, len(order), batch_size):
+        chosen = order[start:start + batch_size]
+        batch_problems = [problems[i] for i in chosen]
+        greedy = _generate(module, [prompts[i] for i in chosen], 1, 0.0, max_new_tokens, batch_size, seed=step + start)
         verdicts = _check_all(pool, batch_problems, greedy, 1, timeout)
-        results.extend(ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
-                       for problem, completion, verdict in zip(batch_problems, greedy, verdicts))
+        for index, problem, completion, verdict in zip(chosen, batch_problems, greedy, verdicts):
+            results[index] = ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
         if progress is not None:
             progress.add(verdict.all_passed for verdict in verdicts)
     pass_at_k = {}
