@@ -36,7 +36,7 @@ def assert_same_at_every_size(name: str, count: int, sizes: tuple[int, ...], lim
     backend = HFGenerateBackend(load_model(name).eval(), tokenizer)
     prompts = mbpp_prompts(tokenizer, count)
     lengths = {len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts}
-    assert max(lengths) > 10 * min(lengths)  # the batches are padded, heavily for the short prompts
+    assert max(lengths) > 5 * min(lengths)  # the batches are padded, heavily for the short prompts
     one = completions_in_batches(backend, prompts, 1, limit)
     ended = [len(tokens) < limit for tokens in one]
     assert any(ended) and not all(ended)  # rows leave the batch early while others go on decoding
