@@ -15,8 +15,8 @@ from mbpp_location import mbpp_file
 
 
 def mbpp_prompts(tokenizer, count: int) -> list[str]:
-    """Validation prompts plus two short ones: 4-token prompts beside 200-token ones are the most
-    padding a batch can have."""
+    """Validation prompts plus two short ones: a chat prompt of a few words beside MBPP's 100-400
+    token ones is about the most padding a batch can have."""
     tasks = load_mbpp(str(mbpp_file()), split="validation")[:count]
     texts = [build_prompt(task, "chat") for task in tasks] + ["hi", "def add(a, b):"]
     return [render_prompt(tokenizer, text, chat=True) for text in texts]
