@@ -117,9 +117,9 @@ def _cpu_only_platform() -> PlatformInfo:
 def default_eval_batch_size(device_type: str) -> int:
     """Problems generated together by a greedy MBPP eval when the config does not say.
 
-    On CPU a decoding step costs far less per row at batch 16 than at 1-2 (FACTS: 130 ms at batch
-    8 vs 52 ms at 1), and larger batches gain little more on 2 cores (benchmarks/README.md, "Eval
-    batch size"); a GPU is nowhere near busy at 16, and 64 prompts of an MBPP eval leave room for
-    a 7B model's KV cache.
+    On CPU a decoding row costs far less at batch 8-16 than at 1-2 (FACTS: 130 ms per step at batch
+    8, 52 ms at 1), and beyond that a step is compute-bound while padding grows: batch 32 was slower
+    per problem than 16 (benchmarks/README.md, "Eval speed"). A GPU is far from busy at 16; 32 is the
+    largest eval batch of the configs/hw overlays, whose memory shares were sized beside training.
     """
     return 32 if device_type == "cuda" else 16

@@ -15,7 +15,7 @@ class EvalProgress:
     """Counts scored problems and prints a line after each batch.
 
     Args:
-        label: what is scored, e.g. "MBPP validation".
+        label: what is scored, e.g. "MBPP validate".
         total: problems the eval will score (None: unknown, the line shows only those done).
         say: where lines go (default: stdout on rank zero, above any progress bar).
         last_line: print the line of the batch that completes ``total`` too (False when the caller
