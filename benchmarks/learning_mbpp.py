@@ -11,6 +11,7 @@ McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2).
 
     .venv/bin/python benchmarks/learning_mbpp.py [--config configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
         [--threads 2] [--json out.json] [-- any rlcode fit arguments]
+    .venv/bin/python benchmarks/learning_mbpp.py --seeds 1 --baseline SEED0_RUN_DIR   # more seeds, in parallel
     .venv/bin/python benchmarks/learning_mbpp.py --from-runs RUN_DIR...   # summarize finished runs
 """
 
@@ -73,6 +74,15 @@ def fit(configs: list[Path], seed: int, root: Path, threads: int, at_start: bool
     return (time.perf_counter() - started) / 60
 
 
+def baseline_eval(run: Path) -> Path:
+    """The step-0 eval of a finished run, to reuse as other seeds' baseline."""
+    start = eval_files(run).get(0)
+    if start is None:
+        raise FileNotFoundError(f"{run} has no eval/step_0.json: pass a run that evaluated at start "
+                                "(the first seed of a benchmark run)")
+    return start
+
+
 def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None) -> list[dict]:
     rows = []
     for seed, run in runs:
@@ -110,20 +120,24 @@ def main() -> None:
     parser.add_argument("--root", type=Path, help="run directories go here (default: a new temp dir)")
     parser.add_argument("--baseline-every-seed", action="store_true",
                         help="evaluate the base model in every seed's run instead of reusing the first")
+    parser.add_argument("--baseline", type=Path, help="a finished run whose step-0 eval every seed reuses: "
+                        "no seed evaluates at start, so seeds can run as parallel invocations")
     parser.add_argument("--from-runs", type=Path, nargs="+", help="summarize these finished run directories")
     parser.add_argument("--json", type=Path)
     parser.add_argument("fit_args", nargs=argparse.REMAINDER, help="after --: more rlcode fit arguments")
     args = parser.parse_args()
     extra = [a for a in args.fit_args if a != "--"]
     recipe = "+".join(config.stem for config in args.config)
+    baseline = baseline_eval(args.baseline) if args.baseline else None
 
     if args.from_runs:
+        recipe = "as each run's name says"
         runs = [(run.name, run) for run in args.from_runs]
-        baseline = next((files[0] for _, run in runs if 0 in (files := eval_files(run))), None)
+        baseline = baseline or next((files[0] for _, run in runs if 0 in (files := eval_files(run))), None)
         rows = summarize(runs, baseline)
     else:
         root = args.root or Path(tempfile.mkdtemp(prefix="learning-mbpp-"))
-        runs, minutes, baseline = [], {}, None
+        runs, minutes = [], {}
         for seed in args.seeds:
             run = root / f"{recipe}-seed{seed}"
             minutes[seed] = fit(args.config, seed, run, args.threads, baseline is None or args.baseline_every_seed,
@@ -141,4 +155,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as error:  # bad run directories: one line, no traceback
+        sys.exit(f"learning_mbpp: {error}")

@@ -37,3 +37,12 @@ def test_compare_lists_the_flips_each_way(tmp_path):
 def test_evals_of_different_problems_are_refused():
     with pytest.raises(ValueError, match="different problems"):
         learning_mbpp.compare({1: True, 2: False}, {1: True})
+
+
+def test_a_baseline_run_without_a_start_eval_is_refused(tmp_path):
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "step_60.json").write_text(json.dumps({"problems": []}))
+    with pytest.raises(FileNotFoundError, match="no eval/step_0.json"):
+        learning_mbpp.baseline_eval(tmp_path)
+    (tmp_path / "eval" / "step_0.json").write_text(json.dumps({"problems": []}))
+    assert learning_mbpp.baseline_eval(tmp_path).name == "step_0.json"
