@@ -138,3 +138,40 @@ def test_the_qlora_notebook_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])]
     assert any("image/png" in output.get("data", {}) for output in outputs), "the plot is shown"
+
+
+def packed_for_cpu_inference(model) -> list[bool]:
+    return [getattr(m.weight.quant_state, "packing_format_for_cpu", False)
+            for m in model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+
+
+def test_4bit_layers_still_train_after_eval_mode_passes():
+    """Guards a CI failure: on an AVX512-BF16 CPU bitsandbytes repacks a 4-bit weight for inference at
+    its first eval-mode pass without gradients (a user's own generation, an MBPP eval), and the packed
+    weight has no backward, so the next training step failed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_harness import use_fixed_rollouts
+    from rlcode.algorithms.grpo import GRPO
+    from rlcode.models import resolve_model_source
+    from rlcode.models.adapters import quantization_config
+
+    source = resolve_model_source("tiny-random")
+    model = AutoModelForCausalLM.from_pretrained(source, quantization_config=quantization_config("4bit", torch.float32),
+                                                 device_map={"": "cpu"})
+    ids = torch.tensor([[3, 17, 42, 99, 5]])
+    with torch.no_grad():
+        model.eval()(input_ids=ids)  # the user tried the model before handing it over
+    module = GRPO.from_pretrained_model(model, AutoTokenizer.from_pretrained(source), lora=LORA,
+                                        rewards=["grpo_harness:length_reward"], num_generations=4,
+                                        max_new_tokens=6, learning_rate=1e-3)
+    module.configure_model()
+    layers = packed_for_cpu_inference(module.policy)
+    assert layers and not any(layers), "a weight packed before hand-over is unpacked"
+    with torch.no_grad():
+        module.policy.eval()(input_ids=ids)  # what an MBPP eval does between training steps
+    assert not any(packed_for_cpu_inference(module.policy))
+    use_fixed_rollouts(module)
+    start = adapters(module.policy)
+    fit_steps(module, steps=1)
+    assert any(not torch.equal(p, start[n]) for n, p in adapters(module.policy).items())

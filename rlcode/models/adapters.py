@@ -40,6 +40,7 @@ def apply_lora(model, settings: LoraSettings, *, quantized: bool, gradient_check
     import peft  # slow import: only when LoRA is asked for
 
     if quantized:
+        keep_4bit_layers_trainable(model)
         model = peft.prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=gradient_checkpointing,
@@ -55,6 +56,26 @@ def apply_lora(model, settings: LoraSettings, *, quantized: bool, gradient_check
         **settings.extra,
     )
     return peft.get_peft_model(model, config)
+
+
+def keep_4bit_layers_trainable(model) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights into its inference-only CPU layout.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.49+) repacks a Linear4bit weight in place the first
+    time the layer runs in eval mode without gradients. The packed weight has no backward, so the
+    next training step fails ("a view of a leaf Variable ... in-place operation"). RL alternates
+    generation and evaluation with training on the same layers, so the repacking is turned off here
+    and a weight packed already (a model the user ran before handing it over) is unpacked.
+    """
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        weight = module.weight
+        if getattr(getattr(weight, "quant_state", None), "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, weight.quant_state)
 
 
 def quantization_config(quantization: Quantization, compute_dtype):

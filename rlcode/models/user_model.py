@@ -8,7 +8,7 @@ adapters gets them, a quantized one prepared for k-bit training first.
 
 from __future__ import annotations
 
-from rlcode.models.adapters import LoraSettings, apply_lora, is_lora_model
+from rlcode.models.adapters import LoraSettings, apply_lora, is_lora_model, keep_4bit_layers_trainable
 
 
 def from_pretrained_model(cls, model, tokenizer, **settings):
@@ -49,4 +49,6 @@ def prepare_user_model(model, tokenizer, lora: LoraSettings | dict | None):
         gradient_checkpointing = bool(getattr(model, "is_activation_checkpointing", False)
                                       or getattr(model, "is_gradient_checkpointing", False))
         model = apply_lora(model, lora, quantized=is_quantized(model), gradient_checkpointing=gradient_checkpointing)
+    elif is_quantized(model):
+        keep_4bit_layers_trainable(model)  # the user's own adapters: apply_lora did not run
     return model, tokenizer
