@@ -58,18 +58,27 @@ def test_quantization_without_lora_is_a_one_line_error():
         GRPO(model_name="tiny-random", quantization="4bit")
 
 
-def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
-    """Guards issue 9.3: a user-set policy left the tokenizer and the rollout backend unset."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def user_4bit_model():
+    """The tiny model loaded in 4 bits by the user's own code, and its source."""
+    from transformers import AutoModelForCausalLM
 
-    from grpo_harness import use_fixed_rollouts
-    from rlcode.algorithms.grpo import GRPO
     from rlcode.models import resolve_model_source
     from rlcode.models.adapters import quantization_config
 
     source = resolve_model_source("tiny-random")
     model = AutoModelForCausalLM.from_pretrained(source, quantization_config=quantization_config("4bit", torch.float32),
                                                  device_map={"": "cpu"})
+    return model, source
+
+
+def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
+    """Guards issue 9.3: a user-set policy left the tokenizer and the rollout backend unset."""
+    from transformers import AutoTokenizer
+
+    from grpo_harness import use_fixed_rollouts
+    from rlcode.algorithms.grpo import GRPO
+
+    model, source = user_4bit_model()
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.padding_side = "right"
     module = GRPO.from_pretrained_model(model, tokenizer, lora=LORA, rewards=["grpo_harness:length_reward"],
@@ -149,16 +158,12 @@ def test_4bit_layers_still_train_after_eval_mode_passes():
     """Guards a CI failure: on an AVX512-BF16 CPU bitsandbytes repacks a 4-bit weight for inference at
     its first eval-mode pass without gradients (a user's own generation, an MBPP eval), and the packed
     weight has no backward, so the next training step failed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts
     from rlcode.algorithms.grpo import GRPO
-    from rlcode.models import resolve_model_source
-    from rlcode.models.adapters import quantization_config
 
-    source = resolve_model_source("tiny-random")
-    model = AutoModelForCausalLM.from_pretrained(source, quantization_config=quantization_config("4bit", torch.float32),
-                                                 device_map={"": "cpu"})
+    model, source = user_4bit_model()
     ids = torch.tensor([[3, 17, 42, 99, 5]])
     with torch.no_grad():
         model.eval()(input_ids=ids)  # the user tried the model before handing it over
