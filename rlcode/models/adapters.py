@@ -61,7 +61,7 @@ def apply_lora(model, settings: LoraSettings, *, quantized: bool, gradient_check
 def keep_4bit_layers_trainable(model) -> None:
     """Stop bitsandbytes from repacking 4-bit weights into its inference-only CPU layout.
 
-    On a CPU with AVX512-BF16, bitsandbytes (0.49+) repacks a Linear4bit weight in place the first
+    On a CPU with AVX512-BF16, bitsandbytes (0.50.2 here) repacks a Linear4bit weight in place the first
     time the layer runs in eval mode without gradients. The packed weight has no backward, so the
     next training step fails ("a view of a leaf Variable ... in-place operation"). RL alternates
     generation and evaluation with training on the same layers, so the repacking is turned off here
