@@ -1,8 +1,8 @@
 """Memory of completion log-probs: peak RAM of one forward + backward, before vs after vs TRL.
 
 The model is the tiny-random architecture (Qwen2, 2 layers, 64 wide, tied embeddings) with Qwen2.5's
-151,936-token vocabulary, so the LM head's logits dominate as they do at scale; the batch is the one
-issue 8 names (4 completions x 512 tokens, 64-token prompts, one of them left-padded). Sides:
+151,936-token vocabulary, so the LM head's logits dominate as they do at scale; the batch is a
+GRPO group at scale (4 completions x 512 tokens, 64-token prompts, one of them left-padded). Sides:
 
   before  the old rlcode code path (copied below): the model's full logits, per-row float32 log-softmax
   after   rlcode.algorithms.sequence_logps.completion_logps: decoder body + chunked fused LM head

@@ -1,9 +1,9 @@
-"""MBPP evaluation before, during and after training (the seed's initial / interval / final evals).
+"""MBPP evaluation before, during and after training (initial, interval and final evals).
 
 Each eval logs ``mbpp_eval/pass_rate``, ``mbpp_eval/problems_passed`` (greedy) and, with
 ``num_samples > 0``, ``mbpp_eval/pass@k``, at the trainer's global step; it writes every problem's
 completion and verdict to ``<run dir>/eval/step_<n>.json``. ``MBPP_EVAL_NUM_QUESTIONS`` in the
-environment overrides ``num_questions`` (as in the seed project), e.g. for a quick check of a big
+environment overrides ``num_questions``, e.g. for a quick check of a big
 recipe.
 """
 

@@ -1,6 +1,6 @@
 """Training scalars of each GRPO step, from the module's StepRecord, to every logger.
 
-Names follow the seed project's W&B panels (``reward/avg_batch_reward``,
+Names keep the original GRPO-on-MBPP scripts' W&B panels (``reward/avg_batch_reward``,
 ``reward/successful_predictions_count``) plus one mean per reward function (``reward/<name>``),
 completion lengths, loss parts (clip fractions, ratio, KL), throughput and where the step's time
 went. The progress bar gets the short ones: reward, pass (share of completions that pass), tok/s. Each step also prints one line in the

@@ -39,7 +39,7 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
         lines.append(f"  eval:       {evals[-1]['path']}")
     if plot:
         lines.append(f"  plot:       {plot}")
-    if trajectories:  # the ART seed's closing block
+    if trajectories:  # ART's closing block: trajectories and success rates
         lines += ["", "Training complete!", f"  Total trajectories: {trajectories}",
                   f"  Successful: {successful} ({100 * successful / trajectories:.1f}%)", f"  Steps completed: {steps}"]
     return "\n".join(lines)

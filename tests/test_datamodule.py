@@ -105,7 +105,7 @@ def test_eval_loaders_do_not_move_the_training_stream():
 
 
 def test_eval_batches_have_their_own_size_not_the_training_steps():
-    """A training step's 2 prompts made `rlcode validate` generate 2 at a time (issue 11); the batches
+    """A training step's 2 prompts made `rlcode validate` generate 2 at a time; the batches
     hold prompts of similar length."""
     sized = _module(num_train_tasks=6, prompts_per_step=2, num_eval_tasks=40, eval_batch_size=16)
     assert [len(b["task_id"]) for b in sized.val_dataloader()] == [16, 16, 8]

@@ -1,5 +1,5 @@
 """The eval batch size sets speed only: greedy completions, verdicts and the report's order are those
-of batch 1 (issue 11), and each batch prints a progress line."""
+of batch 1, and each batch prints a progress line."""
 
 from __future__ import annotations
 

@@ -147,13 +147,13 @@ def test_bad_k_and_missing_dataset(tmp_path, dataset):
 
 
 def test_doctor_prints_the_isolation_report():
-    """Guards --doctor: it names every layer, the per-execution ones (issue 10) included."""
+    """Guards --doctor: it names every layer, the per-execution ones included."""
     proc = _run("--doctor")
     assert proc.returncode == 0 and proc.stdout.startswith("sandbox isolation:")
     for layer in ("landlock", "cgroup_limits", "tmpfs_per_execution", "ipc_objects_denied", "seccomp",
                   "sandbox_uid", "process_limit_per_execution"):
         assert f"] {layer}" in proc.stdout, proc.stdout
-    # and which mechanism bounds an execution's processes (issue 10, item 3)
+    # and which mechanism bounds an execution's processes
     mechanisms = "cgroup-pids|slot-uid|userns|shared-uid|none"
     assert re.search(rf"process_limit_per_execution: ({mechanisms}): ", proc.stdout), proc.stdout
 

@@ -186,7 +186,7 @@ def _run_equivalence(out_dir: Path, devices: int) -> None:
 
 
 def test_two_rank_step_equals_one_rank_step_on_the_combined_batch(tmp_path):
-    """Guards issues 8.2 and 8.4: a 2-process DDP step gives the gradient of a 1-process step on both
+    """A 2-process DDP step gives the gradient of a 1-process step on both
     ranks' rows together (not only "the two ranks agree"): loss normalisers are step totals over
     ranks, and scale_rewards="batch" divides by the std of every rank's rewards."""
     import torch

@@ -24,7 +24,7 @@ def _gradients(steps: int = 1, prompts_per_step: int = 2, trainer_kwargs=None, *
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_micro_batch_size_does_not_change_the_gradient(loss_type):
-    """Guards issue 8.2: micro-batches of 1, 3 (a partial last one: 8 rows = 3 + 3 + 2) and all rows
+    """Micro-batches of 1, 3 (a partial last one: 8 rows = 3 + 3 + 2) and all rows
     give the same gradient for every loss type. Before, grpo/bnpo/dr_grpo normalised each micro-batch
     by its own size and divided by the number of micro-batches."""
     reference, _, _ = _gradients(loss_type=loss_type, micro_batch_size=8)
@@ -35,7 +35,7 @@ def test_micro_batch_size_does_not_change_the_gradient(loss_type):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_filtering_flat_groups_is_a_pure_speed_up(loss_type):
-    """Guards issue 8.1: skipping zero-std groups gives the gradient of not skipping them. Before,
+    """Skipping zero-std groups gives the gradient of not skipping them. Before,
     dapo's normaliser counted only the kept tokens, scaling the update by N_all / N_kept."""
     kwargs = dict(loss_type=loss_type, rewards=["grpo_harness:first_group_only_reward"], micro_batch_size=3)
     unfiltered, _, _ = _gradients(filter_zero_std_groups=False, **kwargs)
@@ -45,7 +45,7 @@ def test_filtering_flat_groups_is_a_pure_speed_up(loss_type):
 
 
 def test_num_iterations_is_one_step_per_batch():
-    """Guards issue 8.6: num_iterations=2 makes two optimizer updates per batch but one training step
+    """Num_iterations=2 makes two optimizer updates per batch but one training step
     (global_step), so max_steps, evals and checkpoints do not depend on the data."""
     updates, trainer, module = _gradients(steps=3, num_iterations=2, epsilon_low=0.01, epsilon_high=0.01)
     assert trainer.global_step == 3
@@ -56,7 +56,7 @@ def test_num_iterations_is_one_step_per_batch():
 
 
 def test_dropout_is_off_when_scoring():
-    """Guards issue 8.3: the policy scores its samples without dropout. With LoRA dropout 0.5 (and
+    """The policy scores its samples without dropout. With LoRA dropout 0.5 (and
     adapters moved off their zero init, so dropout matters) two train-mode passes give bit-identical
     log-probs after configure_model; with disable_dropout=False they differ (so the check can fail)."""
     from grpo_harness import fixed_rollout
@@ -83,14 +83,14 @@ def test_dropout_is_off_when_scoring():
 
 
 def test_lora_dropout_defaults_to_zero():
-    """Guards issue 8.3: peft's LoRA dropout (0.05 before) is off by default."""
+    """Peft's LoRA dropout (0.05 before) is off by default."""
     from rlcode.models import LoraSettings
 
     assert LoraSettings().dropout == 0.0
 
 
 def test_step_without_update_is_counted_without_touching_the_optimizer_under_fp16_scaling():
-    """Guards issue 8.8: under 16-mixed (V100) a step with no update (dry run, every group filtered)
+    """Under 16-mixed (V100) a step with no update (dry run, every group filtered)
     crashed in the GradScaler ("No inf checks were recorded"). The step is now counted without
     calling the optimizer. CPU has no fp16 autocast in Lightning, so the test drives the GradScaler
     path through a MixedPrecision plugin with a CPU GradScaler."""
@@ -130,7 +130,7 @@ def test_truncated_rows_get_no_gradient_when_masked():
 
 
 def test_reference_copy_is_kept_in_the_compute_dtype():
-    """Guards issue 8.11: under bf16-mixed the frozen reference (beta > 0, full fine-tuning) is bf16,
+    """Under bf16-mixed the frozen reference (beta > 0, full fine-tuning) is bf16,
     not a second fp32 copy of the weights; the policy keeps fp32 master weights."""
     module = build_module(beta=0.04, configure=False)
     trainer = fit_steps(module, steps=1, precision="bf16-mixed")
@@ -141,7 +141,7 @@ def test_reference_copy_is_kept_in_the_compute_dtype():
 
 
 def test_fsdp_is_refused_with_a_one_line_reason():
-    """Guards issue 8.10: FSDP cannot shard this step (generation and several forward/backward pairs
+    """FSDP cannot shard this step (generation and several forward/backward pairs
     run outside the wrapped forward), so it is refused at setup instead of training wrongly."""
     from types import SimpleNamespace
 
@@ -154,7 +154,7 @@ def test_fsdp_is_refused_with_a_one_line_reason():
 
 
 def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
-    """Guards issue 10.4: where nothing hides the filesystem the pool refuses to start unless the user
+    """Where nothing hides the filesystem the pool refuses to start unless the user
     opts in; training passes model.sandbox_allow_visible_filesystem to every pool it builds."""
     import rlcode.sandbox
 

@@ -51,7 +51,7 @@ def test_loss_types_on_policy(loss_type, extra, expected_loss, expected_grad):
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("split", [[1, 1], [1, 2], [2, 1]])
 def test_micro_batch_losses_add_up_to_the_whole_batch(loss_type, split):
-    """Guards issue 8.2: with the step's totals, micro-batches of any size (a partial last one
+    """With the step's totals, micro-batches of any size (a partial last one
     included) give the loss and gradient of the whole batch; before, each micro-batch was normalised
     by its own size and divided by the number of micro-batches."""
     torch.manual_seed(0)

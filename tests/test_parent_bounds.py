@@ -1,4 +1,4 @@
-"""The trusted parent's work on candidate-controlled values is bounded (issue 10, item 1).
+"""The trusted parent's work on candidate-controlled values is bounded.
 
 Probe values are decoded and asserts evaluated on the pool's one completion thread: a costly decode
 there stalls every verdict in flight. Each test below feeds a value that used to cost seconds to

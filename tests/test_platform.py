@@ -65,7 +65,7 @@ def test_detect_platform_without_a_gpu(monkeypatch):
 
 @pytest.mark.parametrize("local_ranks, expected", [(1, 8), (2, 4), (8, 1), (16, 1)])
 def test_sandbox_workers_share_the_node_among_its_ranks(local_ranks, expected):
-    """Guards issue 8.14: each DDP rank's pool gets its share of the node's cores, not all of them."""
+    """Each DDP rank's pool gets its share of the node's cores, not all of them."""
     from rlcode.platform import default_sandbox_workers
 
     assert default_sandbox_workers(local_ranks, PlatformInfo(cpu_count=8)) == expected
@@ -80,7 +80,7 @@ def test_no_slurm_without_its_variables(monkeypatch):
 @pytest.mark.parametrize("capability, expected", [((7, 0), "16-mixed"), ((8, 0), "bf16-mixed"), ((9, 0), "bf16-mixed"),
                                                   (None, "32-true")])
 def test_unset_trainer_precision_is_chosen_from_the_hardware(monkeypatch, capsys, capability, expected):
-    """Guards issue 8.9: with trainer.precision unset the CLI picks it from the detected GPU (and the
+    """With trainer.precision unset the CLI picks it from the detected GPU (and the
     model's weight precision with it) and prints the platform line; a set precision is kept."""
     import rlcode.platform
     from rlcode import cli

@@ -28,7 +28,7 @@ def adapters(policy) -> dict[str, torch.Tensor]:
 
 
 def test_two_grpo_steps_of_4bit_qlora_train_the_adapters_only_and_resume(tmp_path):
-    """Guards issue 9.3: GRPO had no quantization setting (and the loader asked for a CUDA device)."""
+    """GRPO had no quantization setting (and the loader asked for a CUDA device)."""
     module = build_module(quantization="4bit", lora=LORA)
     base, start = four_bit_weights(module.policy), adapters(module.policy)
     assert base and all(w.dtype == torch.uint8 for w in base.values()), "the base is stored in 4 bits"
@@ -72,7 +72,7 @@ def user_4bit_model():
 
 
 def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
-    """Guards issue 9.3: a user-set policy left the tokenizer and the rollout backend unset."""
+    """A user-set policy left the tokenizer and the rollout backend unset."""
     from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts

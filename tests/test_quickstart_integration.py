@@ -26,7 +26,7 @@ def test_quickstart_config_trains_the_embedded_model(tmp_path, capsys):
         rows = [r for r in csv.DictReader(handle) if r.get("reward/avg_batch_reward")]
     assert len(rows) == 2
     # The learning signal the quickstart exists to show: the execution reward differs within some
-    # group (FACTS.md: within-group std ~0.5 for this model), so some step has a gradient, and the
+    # group (measured: within-group std ~0.5 for this model), so some step has a gradient, and the
     # optimizer moves the weights away from the embedded model's.
     assert any(float(r["reward/frac_reward_zero_std"]) < 1.0 for r in rows), "no group had any reward signal"
     assert any(r.get("train/grad_norm") and float(r["train/grad_norm"]) > 0 for r in rows), "no step had a gradient"

@@ -74,7 +74,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("adapter", ["full", "lora"])
 def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path, adapter):
-    """Guards issue 9.2: RNG states (python, numpy, torch) travel in the checkpoint and come back at
+    """RNG states (python, numpy, torch) travel in the checkpoint and come back at
     the first step after the restore; before, the resumed run re-seeded them and its step-2 rewards
     (and so its weights) differed from the uninterrupted run's."""
     extra = LORA if adapter == "lora" else []

@@ -51,7 +51,7 @@ BASE_MODEL_COMPLETION = (
 
 
 def test_base_model_answer_is_cut_at_its_first_done():
-    """Guards issue 8.12: the answer to a prompt ending in [BEGIN] is what precedes the first [DONE].
+    """The answer to a prompt ending in [BEGIN] is what precedes the first [DONE].
     Before, the text after [DONE] was kept (a syntax error) or the model's own next task was taken."""
     code = extract_code(BASE_MODEL_COMPLETION, entry_point="similar_elements")
     assert code.startswith("def similar_elements(") and code.rstrip().endswith("return (res)")
@@ -60,7 +60,7 @@ def test_base_model_answer_is_cut_at_its_first_done():
 
 
 def test_plain_prompt_format_stops_at_done():
-    """Guards issue 8.12: with model.stop unset, generation stops at the prompt format's stop strings
+    """With model.stop unset, generation stops at the prompt format's stop strings
     ([DONE] for the MBPP paper's format, the closing fence for chat); an explicit stop wins."""
     from types import SimpleNamespace
 
@@ -75,7 +75,7 @@ def test_plain_prompt_format_stops_at_done():
 
 
 def test_a_reward_function_returning_none_leaves_the_others_in_the_total():
-    """Guards issue 8.5: as TRL's nansum, a None from one function does not make the total NaN; NaN
+    """As TRL's nansum, a None from one function does not make the total NaN; NaN
     only when every function returned None."""
     import math
 

@@ -1,4 +1,4 @@
-"""Memory and process limits hold per execution, not per process or per uid (issue 10, item 3).
+"""Memory and process limits hold per execution, not per process or per uid.
 
 RLIMIT_AS bounds each process alone (forked children or a memfd exceed it together) and
 RLIMIT_NPROC counts every process of a uid on the machine (one sample's processes, all children

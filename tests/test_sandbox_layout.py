@@ -1,5 +1,5 @@
 """The sandbox's structure: what runs inside imports only the stdlib, the parent side imports one
-way, and a child sees the standard library but not the interpreter's site-packages (issue 10, 5)."""
+way, and a child sees the standard library but not the interpreter's site-packages."""
 
 from __future__ import annotations
 

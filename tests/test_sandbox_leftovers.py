@@ -1,4 +1,4 @@
-"""Nothing survives from one execution to the next on the same worker (issue 10, item 2).
+"""Nothing survives from one execution to the next on the same worker.
 
 A planting execution leaves what it can (SysV shared memory and message queues, files in its cwd,
 home, temp dir and /dev/shm, a directory chain deeper than PATH_MAX and one deeper than Python's

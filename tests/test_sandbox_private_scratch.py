@@ -1,5 +1,5 @@
-"""Concurrent executions on different workers share no scratch directory (issue 10: "nothing shared
-between executions ... the prober sees nothing").
+"""Concurrent executions on different workers share no scratch directory: nothing is shared
+between executions, and a prober sees nothing.
 
 A holder writes into its cwd and temp dir and holds; meanwhile a prober on the other worker writes
 its own file, lists its cwd and temp dir, and holds past the holder's end (so past the holder's

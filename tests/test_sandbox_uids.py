@@ -1,4 +1,4 @@
-"""Each worker slot's children get a uid of their own, claimed per machine (issue 10, item 3).
+"""Each worker slot's children get a uid of their own, claimed per machine.
 
 The behaviour this buys (a fork hog on one worker does not starve another's threads) is tested in
 test_sandbox_cgroups.py; these are the claims: disjoint between pools, given back, configurable.

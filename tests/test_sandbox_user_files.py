@@ -1,4 +1,4 @@
-"""The user's files are out of a sample's reach at every isolation level reachable here (issue 10,
+"""The user's files are out of a sample's reach at every isolation level reachable here (
 item 4): a 0600 token in the user's home cannot be read, and nothing can be written outside the
 execution's temp dir. Levels: root with bubblewrap (in this process), and, through a helper that
 drops to an unprivileged uid, a user with user namespaces (bwrap-userns) and a user without

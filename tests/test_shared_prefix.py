@@ -1,4 +1,4 @@
-"""The shared-prefix training pass (issue 11, item 1): the prompt tree, and log-probs and every
+"""The shared-prefix training pass: the prompt tree, and log-probs and every
 parameter gradient equal to the plain pass, for groups, distinct prompts and multi-turn histories."""
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def sbatch_step(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProc
 
 
 def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_path):
-    """Guards issue 9.1: before, Lightning's auto-requeue handled SIGUSR1 (a checkpoint saved mid-step,
+    """Before, Lightning's auto-requeue handled SIGUSR1 (a checkpoint saved mid-step,
     hpc_ckpt_*.ckpt, that skips a batch on resume), and the requeued job could pick another run."""
     other = tmp_path / "runs/tiny/version_0"  # a run of another job: must not be resumed
     (other / "checkpoints").mkdir(parents=True)

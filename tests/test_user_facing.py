@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_progress_bar_counts_steps_out_of_max_steps_with_reward_pass_rate_and_speed(capsys):
-    """Guards issue 9.5: Lightning's bar read "Epoch 0" with a batch count and no total on a max_steps run."""
+    """Lightning's bar read "Epoch 0" with a batch count and no total on a max_steps run."""
     from callbacks import GRPOMetrics, StepProgressBar
     from grpo_harness import build_module, fit_steps
 
@@ -24,7 +24,7 @@ def test_progress_bar_counts_steps_out_of_max_steps_with_reward_pass_rate_and_sp
 
 
 def test_pyproject_uses_an_spdx_license_string():
-    """Guards issue 9.5: ``license = {text = ...}`` made setuptools print deprecation warnings in
+    """Guards: ``license = {text = ...}`` made setuptools print deprecation warnings in
     ``make setup``; the SPDX string needs setuptools >= 77 at build time."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["project"]["license"] == "Apache-2.0"

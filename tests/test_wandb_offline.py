@@ -1,5 +1,5 @@
 """W&B for real, offline: a short ``rlcode fit --run.wandb offline`` writes a W&B run folder holding the
-config, the history under the seed project's metric names and the rollout table; resuming the run
+config, the history under rlcode's metric names and the rollout table; resuming the run
 (``--ckpt_path last``) logs into the same run id. The ``.wandb`` file is read record by record
 (W&B's LevelDB-style log of protobuf records), so the test sees what ``wandb sync`` would upload.
 """
@@ -74,7 +74,7 @@ def fit(root: Path, *extra: str) -> None:
 
 
 def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_its_id(tmp_path, monkeypatch):
-    """Guards issue 9.4: W&B was only ever disabled in tests; a resumed run opened a new W&B run."""
+    """W&B was only ever disabled in tests; a resumed run opened a new W&B run."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     fit(tmp_path)
@@ -104,7 +104,7 @@ def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_it
 
 
 def test_training_executions_are_tagged_with_run_step_and_task():
-    """Guards issue 9.4: the sandbox knew run tags but GRPO never passed its run id, so
+    """The sandbox knew run tags but GRPO never passed its run id, so
     ``pool.list({"run": ...})`` / ``pool.stop`` by run found nothing."""
     import time
     from types import SimpleNamespace

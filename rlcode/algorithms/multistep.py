@@ -1,4 +1,4 @@
-"""Multi-step MBPP with execution feedback (the ART seed; RLEF, arXiv 2410.02089) on GRPO's step.
+"""Multi-step MBPP with execution feedback (as in ART; RLEF, arXiv 2410.02089) on GRPO's step.
 
 Each MBPP prompt is played as G episodes of up to ``max_attempts`` answers: the code runs in the
 sandbox against the tests shown, and on failure the feedback (``rlcode.envs.mbpp_feedback``) is the

@@ -169,7 +169,7 @@ class MBPPDataModule(L.LightningDataModule):
         return default_eval_batch_size(device)
 
     def _eval_loader(self, tasks: list[MBPPTask]):
-        # Not prompts_per_step: a training step's 2-4 prompts make a slow eval batch (issue 11).
+        # Not prompts_per_step: a training step's 2-4 prompts make a slow eval batch.
         size = self.resolved_eval_batch_size()
         # Shortest prompts first, so each batch is padded little; the pass rate is a sum over tasks.
         tasks = [tasks[i] for i in length_order([build_prompt(t, self.prompt_format) for t in tasks])]

@@ -4,7 +4,7 @@ Both show the task's asserts, because MBPP's descriptions alone do not name the 
 argument order; a completion that guesses another name fails every test however right it is.
 
 - ``"chat"``: one user message, rendered later with the model's chat template. Measured on
-  SmolLM2-135M-Instruct (FACTS.md): 8.9% greedy pass rate on validation with this wording.
+  SmolLM2-135M-Instruct: 8.9% greedy pass rate on validation with this wording.
 - ``"plain"``: the MBPP paper's zero-shot format ending in ``[BEGIN]``, for base models; its
   ``[DONE]`` marker is a natural stop sequence. Instruct models score 0% with it (they never
   close with ``[DONE]``), so use it only for base models.

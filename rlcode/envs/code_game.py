@@ -1,4 +1,4 @@
-"""The adversarial code game (the seed's ``grpo_code_game``): a writer writes a short Python program,
+"""The adversarial code game (``grpo_code_game``): a writer writes a short Python program,
 a predictor reads it and predicts its exact output. Writer +1 when the prediction is wrong and -1 when
 it is right; the predictor the opposite.
 

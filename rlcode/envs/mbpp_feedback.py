@@ -1,6 +1,6 @@
 """Multi-step MBPP: the model answers, its code runs against the tests shown, and on failure what
 went wrong comes back as the next user turn, up to ``max_attempts`` answers (RLEF, arXiv 2410.02089;
-the ART seed's rollout).
+ART's multi-turn rollout).
 
 Feedback says which assert failed and the value the code returned, or the exception's last lines,
 or the timeout: enough to fix the code, in the words a user would use. A correct answer ends the

@@ -3,7 +3,7 @@
 As in SPIRAL (arXiv 2506.24119): the move is the content of the last ``\\boxed{}`` in the reply,
 written in the game's bracket syntax (``\\boxed{4}`` -> ``[4]``, ``\\boxed{[bet]}`` -> ``[bet]``) with
 whitespace collapsed, and it must be one of the turn's legal moves. A reply without a legal move is an
-invalid move. The ``"bracket"`` format is a lenient option for small models (FACTS.md: SmolLM2-135M
+invalid move. The ``"bracket"`` format is a lenient option for small models (measured: SmolLM2-135M
 almost never writes a legal ``\\boxed{}`` move, but a quarter of its replies hold a legal ``[4]``):
 the first legal bracketed move anywhere in the reply counts.
 

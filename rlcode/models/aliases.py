@@ -45,7 +45,7 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         source="the tiny-random architecture and seed with SmolLM2's 49,152-token tokenizer "
         "(built from the embedded model's tokenizer)",
         license="Apache-2.0 (generated; tokenizer from SmolLM2)",
-        purpose="speed benchmarks: the model of the TRL step-throughput peer in FACTS",
+        purpose="speed benchmarks: the model of the TRL step-throughput peer",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""The seed's code-execution reward: does the completion's code run, and does it print?"""
+"""The code-execution reward: does the completion's code run, and does it print?"""
 
 from __future__ import annotations
 

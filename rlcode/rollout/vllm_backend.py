@@ -133,7 +133,7 @@ class VLLMBackend:
             return
         llm = self.engine()
         if self.weights.weights_asleep:
-            # load_weights would write into unmapped memory (TRL issue 5142): wake the weights first,
+            # load_weights would write into unmapped memory (trl#5142): wake the weights first,
             # after returning the trainer's cached blocks (TRL: avoids an OOM on waking)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

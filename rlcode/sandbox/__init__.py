@@ -12,7 +12,7 @@ side and never runs candidate code, but reads what the sandbox sends (result lin
 hostile input: pool and worker slots, launch and isolation detection, the seccomp policy,
 plain-data decoding, the parent-side assert evaluator and verdicts.
 
-Process model (see DESIGN.md): the trainer's pool hands executions (futures, tags) to long-lived
+Process model: the trainer's pool hands executions (futures, tags) to long-lived
 workers; each worker runs the base interpreter with ``-I -S`` from a private copy of the stdlib-only
 files in ``inside/``, inside bubblewrap, with MBPP's usual stdlib
 modules pre-imported, and forks one child per execution. The child becomes init of a fresh PID
