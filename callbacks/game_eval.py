@@ -36,7 +36,7 @@ class GameEval(L.Callback):
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        from callbacks.mbpp_eval import _interrupted
+        from rlcode.callbacks.mbpp_eval import _interrupted
 
         if self.at_end and not self._done_at(trainer.global_step) and not _interrupted(trainer):
             self.evaluate(trainer, pl_module)

@@ -16,7 +16,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from rlcode.eval.policy_scoring import EvalReport, score_policy
-from callbacks.run_dir import run_dir
+from rlcode.callbacks.run_dir import run_dir
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
 
@@ -153,6 +153,6 @@ class MBPPEval(L.Callback):
 
 
 def _interrupted(trainer) -> bool:
-    from callbacks.shutdown import GracefulShutdown
+    from rlcode.callbacks.shutdown import GracefulShutdown
 
     return any(isinstance(c, GracefulShutdown) and c.requested for c in trainer.callbacks)

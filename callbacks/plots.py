@@ -10,7 +10,7 @@ from pathlib import Path
 
 import lightning as L
 
-from callbacks.run_dir import run_dir
+from rlcode.callbacks.run_dir import run_dir
 
 
 def draw(reward_history: list[tuple[int, float]], eval_history: list[dict], path: Path) -> Path:
@@ -74,12 +74,12 @@ class TrainingPlots(L.Callback):
 
 
 def _reward_history(trainer) -> list[tuple[int, float]]:
-    from callbacks.metrics import GRPOMetrics
+    from rlcode.callbacks.metrics import GRPOMetrics
 
     return next((list(c.history) for c in trainer.callbacks if isinstance(c, GRPOMetrics)), [])
 
 
 def _eval_history(trainer) -> list[dict]:
-    from callbacks.mbpp_eval import MBPPEval
+    from rlcode.callbacks.mbpp_eval import MBPPEval
 
     return next((list(c.history) for c in trainer.callbacks if isinstance(c, MBPPEval)), [])

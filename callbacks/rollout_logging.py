@@ -11,7 +11,7 @@ import json
 
 import lightning as L
 
-from callbacks.run_dir import run_dir
+from rlcode.callbacks.run_dir import run_dir
 from rlcode.algorithms.step_record import StepRecord
 
 COLUMNS = ("step", "task_id", "prompt", "completion", "reward", "advantage", "verdict")

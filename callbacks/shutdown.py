@@ -6,7 +6,7 @@ signal falls back to the default behaviour (an immediate KeyboardInterrupt / ter
 DDP a signal to any one rank stops every rank after the same step.
 
 SIGUSR1 is SLURM's warning before the time limit (``sbatch --signal=SIGUSR1@90``): after the save,
-rank zero requeues the job (``callbacks.slurm_requeue``), which resumes from that checkpoint. The
+rank zero requeues the job (``rlcode.callbacks.slurm_requeue``), which resumes from that checkpoint. The
 handlers replace Lightning's for the training loop, so its auto-requeue never runs mid-step.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 
-from callbacks.slurm_requeue import flush_loggers, requeue_job
+from rlcode.callbacks.slurm_requeue import flush_loggers, requeue_job
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info

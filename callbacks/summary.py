@@ -8,7 +8,7 @@ import time
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from callbacks.run_dir import run_dir
+from rlcode.callbacks.run_dir import run_dir
 
 
 def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
@@ -102,7 +102,7 @@ class RunSummary(L.Callback):
 
     @rank_zero_only
     def on_train_start(self, trainer, pl_module) -> None:
-        from callbacks.mbpp_eval import MBPPEval
+        from rlcode.callbacks.mbpp_eval import MBPPEval
 
         hp, data = pl_module.hparams, trainer.datamodule
         if hasattr(data, "games"):
@@ -121,15 +121,15 @@ class RunSummary(L.Callback):
 
     @rank_zero_only
     def on_fit_end(self, trainer, pl_module) -> None:
-        from callbacks.mbpp_eval import MBPPEval
-        from callbacks.metrics import GRPOMetrics
-        from callbacks.plots import TrainingPlots
-        from callbacks.shutdown import GracefulShutdown
+        from rlcode.callbacks.mbpp_eval import MBPPEval
+        from rlcode.callbacks.metrics import GRPOMetrics
+        from rlcode.callbacks.plots import TrainingPlots
+        from rlcode.callbacks.shutdown import GracefulShutdown
 
         def find(kind):
             return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
 
-        from callbacks.game_eval import GameEval
+        from rlcode.callbacks.game_eval import GameEval
 
         metrics, evals, plots, shutdown = find(GRPOMetrics), find(MBPPEval), find(TrainingPlots), find(GracefulShutdown)
         games = find(GameEval)

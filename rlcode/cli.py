@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import lightning as L  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
+from rlcode.callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
                        StepCheckpoint, StepProgressBar, TrainingPlots)  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from callbacks.mbpp_eval import NUM_QUESTIONS_ENV, MBPPEval
-from callbacks.metrics import step_line, step_metrics, successes
-from callbacks.plots import draw
-from callbacks.rollout_logging import RolloutLogging, sample_rows
-from callbacks.shutdown import GracefulShutdown
-from callbacks.summary import summarize
+from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV, MBPPEval
+from rlcode.callbacks.metrics import step_line, step_metrics, successes
+from rlcode.callbacks.plots import draw
+from rlcode.callbacks.rollout_logging import RolloutLogging, sample_rows
+from rlcode.callbacks.shutdown import GracefulShutdown
+from rlcode.callbacks.summary import summarize
 from rlcode.algorithms.step_record import StepRecord
 
 
@@ -159,7 +159,7 @@ def test_nan_rewards_do_not_poison_the_mean():
 
 
 def test_banner_says_what_will_happen():
-    from callbacks.summary import banner
+    from rlcode.callbacks.summary import banner
 
     text = banner("smollm2-135m-instruct", 4, 2, 6, 2, 8, ["execution", "mbpp_tests_fraction"], "runs/q/version_0",
                   dry_run=True)

@@ -109,7 +109,7 @@ def test_fit_counts_successful_predictions(tmp_path):
 def test_successful_predictions_count_counts_correct_predictions():
     """In episode modes `reward/successful_predictions_count` counts episodes that succeeded (here:
     correct predictions) among all episodes; an invalid program (success None) is a game without a correct prediction."""
-    from callbacks.metrics import step_line, step_metrics
+    from rlcode.callbacks.metrics import step_line, step_metrics
     from rlcode.algorithms.step_record import StepRecord
 
     record = StepRecord(step=0, group_size=1, task_ids=["a", "b", "c"], prompts=["p"] * 3, completions=["c"] * 3,

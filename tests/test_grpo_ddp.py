@@ -52,7 +52,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
         if signal_rank_zero and self.trainer.global_rank == 0 and batch_idx == 0:
-            from callbacks import GracefulShutdown
+            from rlcode.callbacks import GracefulShutdown
 
             next(c for c in self.trainer.callbacks if isinstance(c, GracefulShutdown)).requested = "SIGTERM"
         original_step(self, batch, batch_idx)

@@ -101,7 +101,7 @@ def test_resume_from_last_continues_at_the_same_step_and_data_order(tmp_path):
 
 
 def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, capsys):
-    from callbacks.metrics import GRPOMetrics
+    from rlcode.callbacks.metrics import GRPOMetrics
 
     original = GRPOMetrics.on_train_batch_end
 

@@ -44,7 +44,7 @@ def _kill_after_checkpoint(kill_at: int) -> None:
     """SIGKILL this process as soon as the checkpoint of step ``kill_at`` is on disk."""
     import signal
 
-    from callbacks.checkpointing import StepCheckpoint
+    from rlcode.callbacks.checkpointing import StepCheckpoint
 
     original = StepCheckpoint.on_train_batch_end
 

@@ -124,7 +124,7 @@ def test_the_cli_turns_lightnings_auto_requeue_off_only_under_slurm(monkeypatch)
 def test_sigterm_after_sigusr1_still_saves_and_requeues():
     """SLURM sends SIGTERM at the time limit: if the step outlasts the SIGUSR1 lead time, that SIGTERM
     must not act as a 'second signal' (an immediate stop without the save and the requeue)."""
-    from callbacks.shutdown import GracefulShutdown
+    from rlcode.callbacks.shutdown import GracefulShutdown
 
     before = signal.getsignal(signal.SIGTERM)
     shutdown = GracefulShutdown()

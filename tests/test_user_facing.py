@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_progress_bar_counts_steps_out_of_max_steps_with_reward_pass_rate_and_speed(capsys):
     """Lightning's bar read "Epoch 0" with a batch count and no total on a max_steps run."""
-    from callbacks import GRPOMetrics, StepProgressBar
+    from rlcode.callbacks import GRPOMetrics, StepProgressBar
     from grpo_harness import build_module, fit_steps
 
     fit_steps(build_module(), steps=2, enable_progress_bar=True,
