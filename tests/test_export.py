@@ -75,9 +75,9 @@ def float64_twin(policy):
     twin = copy.deepcopy(policy)
     for layer in list(twin.modules()):
         for name, child in list(layer.named_children()):
-            weight = getattr(child, "weight", None)
-            if type(weight).__name__ != "Params4bit":
+            if not isinstance(child, bnb.nn.Linear4bit):  # (peft's LoRA wrapper of one is not one)
                 continue
+            weight = child.weight
             linear = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
             linear.weight = torch.nn.Parameter(bnb.functional.dequantize_4bit(weight.data, weight.quant_state))
             if child.bias is not None:
@@ -158,3 +158,49 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
     for param in stored.parameters():
         param.data = param.data.float().double()
     torch.testing.assert_close(logits(merged.double(), ids), logits(stored, ids))
+
+
+def test_a_module_saved_from_python_is_exported_as_its_own_mode():
+    """Without LightningCLI's class path (``trainer.save_checkpoint`` of a module built in Python) the
+    mode is the one whose settings are exactly those saved."""
+    from rlcode.algorithms.code_game import CodeGame
+    from rlcode.algorithms.grpo import GRPO
+    from rlcode.algorithms.multistep import MultiStepMBPP
+    from rlcode.algorithms.spiral import SPIRAL
+
+    for mode in (GRPO, SPIRAL, MultiStepMBPP, CodeGame):
+        assert mode_class({"hyper_parameters": dict(mode(model_name="tiny-random").hparams)}) is mode
+
+
+def _save(path: Path, payload) -> Path:
+    torch.save(payload, path)
+    return path
+
+
+BAD_INPUT = {
+    "missing": (lambda tmp: tmp / "nope.ckpt", "no checkpoint at"),
+    "folder": (lambda tmp: tmp, "is a folder: pass the .ckpt file in it"),
+    "not torch": (lambda tmp: (tmp / "x.ckpt").write_text("hello") and tmp / "x.ckpt", "not a checkpoint torch can read"),
+    "not a dict": (lambda tmp: _save(tmp / "x.ckpt", torch.zeros(3)), "not an rlcode training checkpoint"),
+    "no settings": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}}), "not an rlcode training checkpoint"),
+    "other module": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {
+        "_class_path": "lightning.pytorch.demos.boring_classes.BoringModel"}}), "not an rlcode training mode"),
+    "unknown class": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {
+        "_class_path": "my_modes.Gone"}}), "cannot be imported here"),
+    "unknown settings": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {"lr": 1.0}}),
+                         "match no rlcode mode"),
+    "other weights": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {"policy.head.weight": torch.zeros(1)},
+                                                          "hyper_parameters": {
+        "_class_path": "rlcode.algorithms.grpo.GRPO", "model_name": "tiny-random"}}),
+                      "does not fit GRPO('tiny-random') with full weights"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_a_one_line_error(tmp_path, case):
+    make, message = BAD_INPUT[case]
+    with pytest.raises(SystemExit) as error:
+        cli.main(["export", "--ckpt", str(make(tmp_path)), "--out", str(tmp_path / "out")])
+    text = str(error.value.code)
+    assert message in text and text.startswith("rlcode export: ") and "\n" not in text, text
+    assert not (tmp_path / "out").exists(), "nothing is written"
