@@ -14,6 +14,8 @@ import argparse
 import importlib
 import inspect
 import pickle
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +43,29 @@ class ExportError(SystemExit):
 
 def export(ckpt: str | Path, out: str | Path, *, merge: bool = False) -> Path:
     """Write the checkpoint's policy to ``out`` as a peft adapter folder or full weights."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {out} exists and is not an empty folder: pass a new one (an earlier export's "
+                          "files would mix with this one's, e.g. an adapter_config.json beside merged weights)")
     checkpoint = read_checkpoint(ckpt)
     module = restore_module(checkpoint, ckpt)
     policy = module.policy
     if merge and is_lora_model(policy):
-        policy = merged_model(module)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(out)
-    module.tokenizer.save_pretrained(out)
-    kind = "peft adapters" if is_lora_model(policy) else ("merged weights" if merge else "full weights")
+        policy, kind = merged_model(module), "merged weights"
+    else:
+        kind = "peft adapters" if is_lora_model(policy) else "full weights"
+        if merge:
+            kind += " (a full fine-tune: no adapters to merge)"
+    # Written beside the target and renamed into place: an interrupted export leaves no half folder.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        policy.save_pretrained(partial)
+        module.tokenizer.save_pretrained(partial)
+        partial.chmod(0o755)  # mkdtemp makes it owner-only
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     print(f"rlcode export: {kind} of {type(module).__name__} at step {checkpoint.get('global_step', '?')} in {out}")
     return out
 
@@ -114,7 +129,7 @@ def restore_module(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoin
     absent = set(result.missing_keys) - expected_missing
     if result.unexpected_keys or absent:
         what = "LoRA adapters" if is_lora_model(module.policy) else "full weights"
-        raise ExportError(f"{ckpt} does not fit {cls.__name__}({settings['model_name']!r}) with {what}: "
+        raise ExportError(f"{ckpt} does not fit {cls.__name__}({module.hparams.model_name!r}) with {what}: "
                           f"{len(absent)} weights missing (e.g. {sorted(absent)[:1]}), {len(result.unexpected_keys)} "
                           f"unexpected (e.g. {result.unexpected_keys[:1]}): was it written by a different rlcode?")
     module.policy.eval()

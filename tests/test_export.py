@@ -204,3 +204,14 @@ def test_bad_input_is_a_one_line_error(tmp_path, case):
     text = str(error.value.code)
     assert message in text and text.startswith("rlcode export: ") and "\n" not in text, text
     assert not (tmp_path / "out").exists(), "nothing is written"
+
+
+def test_a_folder_in_use_is_not_written_into(tmp_path):
+    """Files of an earlier export would mix with the new one's (an adapter_config.json beside merged
+    weights makes transformers load the adapter)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "adapter_config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="exists and is not an empty folder"):
+        cli.main(["export", "--ckpt", str(tmp_path / "any.ckpt"), "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == ["adapter_config.json"]
