@@ -75,13 +75,15 @@ def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
     if path.is_dir():
         raise ExportError(f"{ckpt} is a folder: pass the .ckpt file in it, e.g. {path}/checkpoints/last.ckpt")
     if not path.is_file():
-        raise ExportError(f"no checkpoint at {ckpt}: pass a .ckpt file, e.g. runs/<exp>/version_0/checkpoints/last.ckpt")
+        raise ExportError(f"no checkpoint at {ckpt}: pass a .ckpt file, "
+                          "e.g. runs/<exp>/version_0/checkpoints/last.ckpt")
     try:
         # Not weights_only: the hyperparameters hold rlcode's settings objects (LoraSettings, ...).
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, ModuleNotFoundError) as error:
-        raise ExportError(f"{ckpt} is not a checkpoint torch can read ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''}): pass a .ckpt written by rlcode fit") from None
+        first_line = (str(error).splitlines() or [""])[0]
+        raise ExportError(f"{ckpt} is not a checkpoint torch can read ({type(error).__name__}: {first_line}): "
+                          "pass a .ckpt written by rlcode fit") from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
         raise ExportError(f"{ckpt} is not an rlcode training checkpoint (no state_dict and hyper_parameters): "
                           "pass a .ckpt written by rlcode fit")
