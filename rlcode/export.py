@@ -206,7 +206,7 @@ def _settings_of(mode: type[GRPO]) -> set[str]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="rlcode export", description=__doc__.split("\n\n")[1])
     parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt) of rlcode fit, any mode")
-    parser.add_argument("--out", required=True, help="folder to write (created)")
+    parser.add_argument("--out", required=True, help="a new or empty folder to write")
     parser.add_argument("--merge", action="store_true",
                         help="fold LoRA adapters into full-precision base weights (a quantized base is dequantized)")
     args = parser.parse_args(argv)
