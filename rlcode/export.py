@@ -3,50 +3,211 @@
 A training checkpoint is Lightning's file (adapters only under LoRA, with optimizer state); people
 want what transformers and peft load. Without ``--merge`` a LoRA run gives a peft adapter folder
 (``adapter_config.json`` naming the base model, ``adapter_model.safetensors``), a full fine-tune the
-whole model; with ``--merge`` the adapters are folded into a full-precision copy of the base (a
-4-bit base is reloaded unquantized first: merging into NF4 weights would round the update away).
+whole model; with ``--merge`` the adapters are folded into full-precision weights (a 4-bit or 8-bit
+base is dequantized first: merging into NF4 weights would round the update away).
 The tokenizer is saved beside either, so ``AutoModelForCausalLM.from_pretrained(DIR)`` works.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
+import pickle
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlcode.algorithms.code_game import CodeGame
+from rlcode.algorithms.grpo import GRPO
+from rlcode.algorithms.multistep import MultiStepMBPP
+from rlcode.algorithms.spiral import SPIRAL
+from rlcode.models import is_lora_model, load_model, weight_dtype
+
+MODES = (GRPO, SPIRAL, MultiStepMBPP, CodeGame)
+# Settings that build things export never uses: a vLLM engine or a server client instead of the
+# weights, activation checkpointing (it would also save use_cache=false into config.json), a frozen
+# KL reference copy of the whole model.
+_EXPORT_SETTINGS = {"rollout_backend": "hf", "gradient_checkpointing": False, "beta": 0.0}
+
+
+class ExportError(SystemExit):
+    """A one-line error about the user's input (no traceback): what is wrong and what to pass."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"rlcode export: {message}")
 
 
 def export(ckpt: str | Path, out: str | Path, *, merge: bool = False) -> Path:
     """Write the checkpoint's policy to ``out`` as a peft adapter folder or full weights."""
-    import torch
-
-    from rlcode.algorithms.grpo import GRPO
-    from rlcode.models import is_lora_model
-
-    if not Path(ckpt).is_file():
-        raise SystemExit(f"rlcode export: no checkpoint at {ckpt}: pass a .ckpt file, e.g. runs/<exp>/version_0/"
-                         "checkpoints/last.ckpt")
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
-    settings = dict(checkpoint["hyper_parameters"])
-    if merge:
-        settings["quantization"] = None  # merge into full-precision base weights
-    module = GRPO(**settings)
-    module.configure_model()
-    missing = module.load_state_dict(checkpoint["state_dict"], strict=not is_lora_model(module.policy))
-    if is_lora_model(module.policy) and not any("lora_" in key for key in checkpoint["state_dict"]):
-        raise SystemExit(f"rlcode export: {ckpt} holds no LoRA adapters ({len(missing.missing_keys)} missing)")
-    policy = module.policy.merge_and_unload() if merge and is_lora_model(module.policy) else module.policy
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(out)
-    module.tokenizer.save_pretrained(out)
-    kind = "peft adapters" if is_lora_model(policy) else ("merged weights" if merge else "full weights")
-    print(f"rlcode export: {kind} of step {checkpoint.get('global_step', '?')} in {out}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {out} exists and is not an empty folder: pass a new one (an earlier export's "
+                          "files would mix with this one's, e.g. an adapter_config.json beside merged weights)")
+    checkpoint = read_checkpoint(ckpt)
+    module = restore_module(checkpoint, ckpt)
+    policy = module.policy
+    if merge and is_lora_model(policy):
+        policy, kind = merged_model(module), "merged weights"
+    else:
+        kind = "peft adapters" if is_lora_model(policy) else "full weights"
+        if merge:
+            kind += " (a full fine-tune: no adapters to merge)"
+    # Written beside the target and renamed into place: an interrupted export leaves no half folder.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        policy.save_pretrained(partial)
+        module.tokenizer.save_pretrained(partial)
+        partial.chmod(0o755)  # mkdtemp makes it owner-only
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    print(f"rlcode export: {kind} of {type(module).__name__} at step {checkpoint.get('global_step', '?')} in {out}")
     return out
+
+
+def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
+    path = Path(ckpt)
+    if path.is_dir():
+        raise ExportError(f"{ckpt} is a folder: pass the .ckpt file in it, e.g. {path}/checkpoints/last.ckpt")
+    if not path.is_file():
+        raise ExportError(f"no checkpoint at {ckpt}: pass a .ckpt file, "
+                          "e.g. runs/<exp>/version_0/checkpoints/last.ckpt")
+    try:
+        # Not weights_only: the hyperparameters hold rlcode's settings objects (LoraSettings, ...).
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, ModuleNotFoundError) as error:
+        first_line = (str(error).splitlines() or [""])[0]
+        raise ExportError(f"{ckpt} is not a checkpoint torch can read ({type(error).__name__}: {first_line}): "
+                          "pass a .ckpt written by rlcode fit") from None
+    if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
+        raise ExportError(f"{ckpt} is not an rlcode training checkpoint (no state_dict and hyper_parameters): "
+                          "pass a .ckpt written by rlcode fit")
+    return checkpoint
+
+
+def mode_class(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> type[GRPO]:
+    """The checkpoint's training mode: the ``_class_path`` LightningCLI stores in the hyperparameters
+    or, for a module saved from Python (no class path), the mode whose settings are exactly those saved."""
+    settings = checkpoint["hyper_parameters"]
+    class_path = settings.get("_class_path")
+    if class_path is None:
+        keys = {key for key in settings if not key.startswith("_")}
+        matches = [mode for mode in MODES if _settings_of(mode) == keys]
+        if len(matches) != 1:
+            raise ExportError(f"{ckpt} names no model class and its settings match no rlcode mode "
+                              f"({', '.join(m.__name__ for m in MODES)}): pass a .ckpt written by rlcode fit")
+        return matches[0]
+    module_name, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        raise ExportError(f"{ckpt} was trained with {class_path}, which cannot be imported here: "
+                          "install or put on PYTHONPATH the package that defines it") from None
+    if not (isinstance(cls, type) and issubclass(cls, GRPO)):
+        raise ExportError(f"{ckpt} holds a {class_path}, not an rlcode training mode (GRPO or a subclass: "
+                          f"{', '.join(m.__name__ for m in MODES[1:])}): pass a .ckpt written by rlcode fit")
+    return cls
+
+
+def restore_module(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> GRPO:
+    """The checkpoint's own class, built from its settings, with the trained weights loaded."""
+    cls = mode_class(checkpoint, ckpt)
+    settings = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
+    settings.update({key: value for key, value in _EXPORT_SETTINGS.items() if key in settings})
+    settings["dry_run"] = False  # a served dry run would build no local policy at all
+    module = cls(**settings)
+    module.configure_model()
+    saved = checkpoint["state_dict"]
+    result = module.load_state_dict(saved, strict=False)
+    trainable = {f"policy.{name}" for name, p in module.policy.named_parameters() if p.requires_grad}
+    # LoRA checkpoints hold the adapters only (the frozen base comes from model_name); a full
+    # fine-tune holds every weight. Either way each trained weight must come from the file.
+    expected_missing = set(result.missing_keys) - trainable if is_lora_model(module.policy) else set()
+    absent = set(result.missing_keys) - expected_missing
+    if result.unexpected_keys or absent:
+        what = "LoRA adapters" if is_lora_model(module.policy) else "full weights"
+        raise ExportError(f"{ckpt} does not fit {cls.__name__}({module.hparams.model_name!r}) with {what}: "
+                          f"{len(absent)} weights missing (e.g. {sorted(absent)[:1]}), {len(result.unexpected_keys)} "
+                          f"unexpected (e.g. {result.unexpected_keys[:1]}): was it written by a different rlcode?")
+    module.policy.eval()
+    return module
+
+
+def merged_model(module: GRPO):
+    """A plain (peft-free, unquantized) copy of the LoRA policy with the adapters folded in.
+
+    Every merged weight is computed in float64 from the weights the trained policy computes with (a
+    quantized base dequantized, as its forward does) and rounded once to the training weight dtype,
+    so the result is as close to the trained policy as that dtype allows.
+    """
+    state = merged_state_dict(module.policy, weight_dtype(module.hparams.precision))
+    plain = load_model(module.hparams.model_name, precision=module.hparams.precision)
+    plain.load_state_dict(state, strict=True, assign=False)
+    return plain.eval()
+
+
+def merged_state_dict(policy, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The base model's state dict (its own names) with every active adapter folded into its layer."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.integrations import dequantize_module_weight
+
+    model = policy.get_base_model()
+    state: dict[str, torch.Tensor] = {}
+    adapted: list[str] = []
+    for name, layer in model.named_modules():
+        if any(name.startswith(f"{prefix}.") for prefix in adapted):
+            continue  # inside a LoRA layer: its base weight and adapters are merged below
+        prefix = f"{name}." if name else ""
+        if isinstance(layer, LoraLayer):
+            adapted.append(name)
+            base = layer.get_base_layer()
+            weight = dequantize_module_weight(base).detach().to("cpu", torch.float64)
+            for adapter in layer.active_adapters:
+                weight = weight + _delta_weight(layer, adapter, name)
+            state[f"{prefix}weight"] = weight.to(dtype)
+            if getattr(base, "bias", None) is not None:
+                state[f"{prefix}bias"] = base.bias.detach().to("cpu", dtype)
+            continue
+        for key, param in layer.named_parameters(recurse=False):
+            quantized = key == "weight" and type(param).__name__ in ("Params4bit", "Int8Params")
+            value = dequantize_module_weight(layer) if quantized else param
+            state[f"{prefix}{key}"] = value.detach().to("cpu", dtype)
+        for key, buffer in layer.named_buffers(recurse=False):
+            if key not in layer._non_persistent_buffers_set:
+                state[f"{prefix}{key}"] = buffer.detach().to("cpu")
+    return state
+
+
+def _delta_weight(layer, adapter: str, name: str) -> torch.Tensor:
+    """The adapter's update of ``layer``'s weight (B A scaled, peft's own formula) in float64."""
+    if layer.use_dora.get(adapter) or getattr(layer, "lora_bias", {}).get(adapter):
+        raise ExportError(f"--merge of DoRA or LoRA-bias adapters ({name}) is not supported: export without "
+                          "--merge and load the adapter folder with peft")
+    for attribute in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+        part = getattr(layer, attribute, None)
+        if part is not None and adapter in part:
+            part.to(torch.float64)  # peft computes the delta in the adapters' dtype
+    return layer.get_delta_weight(adapter).detach().to("cpu", torch.float64)
+
+
+def _settings_of(mode: type[GRPO]) -> set[str]:
+    names: set[str] = set()
+    for cls in mode.__mro__[: mode.__mro__.index(GRPO) + 1]:
+        names |= {p.name for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return names
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="rlcode export", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt)")
-    parser.add_argument("--out", required=True, help="folder to write (created)")
-    parser.add_argument("--merge", action="store_true", help="fold LoRA adapters into the base weights")
+    parser.add_argument("--ckpt", required=True, help="a training checkpoint (.ckpt) of rlcode fit, any mode")
+    parser.add_argument("--out", required=True, help="a new or empty folder to write")
+    parser.add_argument("--merge", action="store_true",
+                        help="fold LoRA adapters into full-precision base weights (a quantized base is dequantized)")
     args = parser.parse_args(argv)
     export(args.ckpt, args.out, merge=args.merge)
