@@ -136,12 +136,14 @@ _PROFILES: dict[str, dict] = {
     # recomputation; slow fp16 GPUs also evaluate on fewer problems.
     "v100": {"model.micro_batch_size": 2, "model.gradient_checkpointing": True,
              "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 8, "eval.num_questions": 10},
-    # sm_80+ with 30 GiB or more (A100 40/80 GB, L40S, A6000, smaller sm_90 cards).
+    # sm_80+ with 30 GiB or more (A100 40/80 GB, L40S, A6000, smaller sm_90 cards). On 40 GB the states
+    # (28 GB) and 4 recomputed rows leave 13 GB: a colocated vLLM engine awake beside them gets 0.25 of it.
     "a100": {"model.micro_batch_size": 4, "model.gradient_checkpointing": True,
-             "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 16, "eval.num_questions": 20},
-    # sm_90+ with 70 GiB or more (H100, H200, B200): room to skip recomputation (about 13% of a step).
+             "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 16, "eval.num_questions": 20},
+    # sm_90+ with 70 GiB or more (H100, H200, B200): room to skip recomputation (about 13% of a step):
+    # 8 full-length rows keep 24 GB, so 52 GB with the states, and 0.3 of 85 GB for vLLM on top.
     "h100": {"model.micro_batch_size": 8, "model.gradient_checkpointing": False,
-             "model.vllm.gpu_memory_utilization": 0.4, "eval.batch_size": 32, "eval.num_questions": 20},
+             "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 32, "eval.num_questions": 20},
 }
 PROFILE_LABELS = {"v100": "V100-class (before sm_80 or under 30 GiB)", "a100": "A100-class (sm_80+, 30 GiB+)",
                   "h100": "H100-class (sm_90+, 70 GiB+)"}

@@ -32,9 +32,9 @@ H100 = gpu("NVIDIA H100 80GB HBM3", (9, 0), 79.1)
 V100_VALUES = {"model.micro_batch_size": 2, "model.gradient_checkpointing": True,
                "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 8, "eval.num_questions": 10}
 A100_VALUES = {"model.micro_batch_size": 4, "model.gradient_checkpointing": True,
-               "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 16, "eval.num_questions": 20}
+               "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 16, "eval.num_questions": 20}
 H100_VALUES = {"model.micro_batch_size": 8, "model.gradient_checkpointing": False,
-               "model.vllm.gpu_memory_utilization": 0.4, "eval.batch_size": 32, "eval.num_questions": 20}
+               "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 32, "eval.num_questions": 20}
 
 
 @pytest.mark.parametrize("info, kind, values", [
