@@ -59,6 +59,8 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
         return args, ProfileChoice(label, switched_off=True)
     choice = ProfileChoice(label)
     for key, value in profile.items():
+        if key.startswith("model.vllm.") and user.get("model.rollout_backend") != "vllm":
+            continue  # the engine's settings matter with rollout_backend vllm only (default: hf)
         if _is_set(key, user):
             choice.kept[key] = _value_of(key, user)
         else:

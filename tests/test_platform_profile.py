@@ -109,8 +109,15 @@ def _profile_keys(merged: dict) -> dict:
 def test_print_config_shows_the_profile_of_the_detected_gpu(monkeypatch, capsys, info, values):
     """The recipe sets eval.num_questions (5) itself; every other profile key comes from the GPU."""
     _fake_gpu(monkeypatch, info)
-    merged = _print_config(capsys, "--config", str(RECIPE))
+    merged = _print_config(capsys, "--config", str(RECIPE), "--model.rollout_backend", "vllm")
     assert _profile_keys(merged) == {**values, "eval.num_questions": 5}
+
+
+def test_no_vllm_settings_without_the_vllm_backend(monkeypatch, capsys):
+    _fake_gpu(monkeypatch, H100)
+    merged = _print_config(capsys, "--config", str(RECIPE))
+    assert merged["model"]["vllm"] is None
+    assert _profile_keys(merged) == {**H100_VALUES, "model.vllm.gpu_memory_utilization": None, "eval.num_questions": 5}
 
 
 def test_print_config_on_cpu_is_the_configs_own(monkeypatch, capsys):
@@ -127,7 +134,7 @@ def test_keys_set_in_a_config_are_kept(monkeypatch, capsys, tmp_path):
     _fake_gpu(monkeypatch, V100_16)
     user = tmp_path / "mine.yaml"
     user.write_text("model:\n  micro_batch_size: 8\n  vllm:\n    enable_sleep_mode: true\neval:\n  batch_size: 3\n")
-    merged = _print_config(capsys, "--config", str(RECIPE), "--config", str(user))
+    merged = _print_config(capsys, "--config", str(RECIPE), "--config", str(user), "--model.rollout_backend=vllm")
     assert _profile_keys(merged) == {"model.micro_batch_size": 8, "model.gradient_checkpointing": True,
                                      "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 3,
                                      "eval.num_questions": 5}
@@ -136,7 +143,8 @@ def test_keys_set_in_a_config_are_kept(monkeypatch, capsys, tmp_path):
 
 def test_keys_set_on_the_command_line_are_kept(monkeypatch, capsys):
     _fake_gpu(monkeypatch, V100_32)
-    merged = _print_config(capsys, "--config", str(RECIPE), "--model.gradient_checkpointing", "false",
+    merged = _print_config(capsys, "--config", str(RECIPE), "--model.rollout_backend", "vllm",
+                           "--model.gradient_checkpointing", "false",
                            "--model.vllm", '{"gpu_memory_utilization": 0.5}', "--eval.num_questions=null")
     assert _profile_keys(merged) == {"model.micro_batch_size": 2, "model.gradient_checkpointing": False,
                                      "model.vllm.gpu_memory_utilization": 0.5, "eval.batch_size": 8,
@@ -172,12 +180,12 @@ def test_the_platform_line_lists_what_was_chosen_and_kept(monkeypatch, capsys):
                           args=["--config", str(REPO / "configs/quickstart.yaml"),
                                 "--config", str(REPO / "configs/tiny_test.yaml"), "--trainer.accelerator", "cpu"])
     assert built.model.hparams.micro_batch_size == 4 and built.model.hparams.gradient_checkpointing is True
-    assert dict(built.model.hparams.vllm)["gpu_memory_utilization"] == 0.25  # hparams keep it as a dict
+    assert built.model.hparams.vllm is None  # the hf backend: no engine to size
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("platform: "))
     assert line == (
         "platform: 1 x Tesla V100-SXM2-16GB (sm_70, 16 GiB); precision 16-mixed (chosen for this hardware); "
         "V100-class (before sm_80 or under 30 GiB) profile: model.gradient_checkpointing=true, "
-        "model.vllm.gpu_memory_utilization=0.25, eval.batch_size=8; from the config: model.micro_batch_size=4, "
+        "eval.batch_size=8; from the config: model.micro_batch_size=4, "
         "eval.num_questions=2 (override one with --KEY VALUE or in a config; all with --run.platform_profile off)")
 
 
