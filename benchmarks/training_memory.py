@@ -82,7 +82,8 @@ def main() -> None:
     print(f"kept for backward per token and layer: {kept / 1e3:.1f} kB, {kept_recompute / 1e3:.1f} kB with "
           f"recomputation; per {args.row_tokens}-token row over {layers} layers: {row[False] / GB:.2f} GB, "
           f"{row[True] / GB:.2f} GB")
-    print("| card | profile | micro-batch | recompute | states + activations | card | vLLM share | left beside awake vLLM |")
+    print("| card | profile | micro-batch | recompute | states + activations | card | vLLM share "
+          "| left beside awake vLLM |")
     print("|---|---|---|---|---|---|---|---|")
     for name, (capability, memory_gib) in CARDS.items():
         info = PlatformInfo(device_type="cuda", gpu_name=name, gpu_count=1, compute_capability=capability,
