@@ -197,3 +197,24 @@ def test_the_platform_line_says_when_the_profile_is_off(monkeypatch, capsys):
                                                                                                switched_off=True))
     assert capsys.readouterr().out.strip().endswith("precision bf16-true (from the config); "
                                                     "H100-class profile off (run.platform_profile off)")
+
+
+CONFIGS = sorted(path for path in (REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[path.name for path in CONFIGS])
+def test_every_config_parses_with_the_profile_and_keeps_its_own_values(monkeypatch, capsys, config):
+    """On a (faked) V100 every shipped config still parses, what it sets itself stays (null included),
+    and the profile fills the rest."""
+    _fake_gpu(monkeypatch, V100_16)
+    files = ([REPO / "configs/quickstart.yaml"] if config.name == "tiny_test.yaml" else []) + [config]
+    own: dict = {}
+    for path in files:
+        own.update({key.replace("model.init_args.", "model.", 1): value
+                    for key, value in _flatten(yaml.safe_load(path.read_text())).items()})
+    merged = _profile_keys(_print_config(capsys, *[item for path in files for item in ("--config", str(path))]))
+    for key, value in V100_VALUES.items():
+        if key in own:
+            assert merged[key] == own[key], key
+        elif not key.startswith("model.vllm."):  # no config here uses the vllm backend
+            assert merged[key] == value, key
