@@ -42,6 +42,7 @@ from rlcode.callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval,
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
+from rlcode.platform_profile import with_profile  # noqa: E402
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -55,7 +56,8 @@ _said_offline: set[str] = set()
 
 class RunSettings:
     def __init__(self, experiment: str = "rlcode", root_dir: str = "runs", wandb: WandbMode | None = None,
-                 wandb_project: str = "rlcode", cpu_threads: int | None = None) -> None:
+                 wandb_project: str = "rlcode", cpu_threads: int | None = None,
+                 platform_profile: bool = True) -> None:
         """Where the run's files go and which loggers write them.
 
         Args:
@@ -66,12 +68,15 @@ class RunSettings:
             wandb_project: W&B project name.
             cpu_threads: torch's CPU threads (None: one per core). On a CPU shared with other jobs,
                 1 can be several times faster than 2.
+            platform_profile: on a GPU, the detected kind's micro-batch, recomputation, eval
+                batch and size and vLLM share fill the keys no config sets (README "Platform profiles").
         """
         self.experiment = experiment
         self.root_dir = root_dir
         self.wandb = wandb
         self.wandb_project = wandb_project
         self.cpu_threads = cpu_threads
+        self.platform_profile = platform_profile
 
 
 class RLCodeCLI(LightningCLI):
@@ -88,6 +93,14 @@ class RLCodeCLI(LightningCLI):
         # One precision knob: the trainer's decides the dtype the model's weights load in.
         parser.link_arguments("trainer.precision", "model.init_args.precision", compute_fn=_weight_precision)
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        # Before parsing, so that --print_config shows the GPU profile's values.
+        argv, self._platform_profile = with_profile(parser, args)
+        if argv is args:
+            super().parse_arguments(parser, args)
+        else:
+            self.config = parser.parse_args(argv)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
@@ -95,7 +108,7 @@ class RLCodeCLI(LightningCLI):
             import torch
 
             torch.set_num_threads(config["run"]["cpu_threads"])
-        _choose_precision(config)
+        _choose_precision(config, getattr(self, "_platform_profile", None))
         self._resume_version = self._resume_step = None
         if config.get("ckpt_path") == "last":
             config["ckpt_path"], version = _find_last_checkpoint(config["run"])
@@ -127,7 +140,7 @@ class RLCodeCLI(LightningCLI):
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
 
 
-def _choose_precision(config) -> None:
+def _choose_precision(config, profile=None) -> None:
     """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
     older, 32-true on CPU). Says what it found and chose, once, at start."""
     from rlcode.platform import default_precision, detect_platform
@@ -142,7 +155,8 @@ def _choose_precision(config) -> None:
         settings = model["init_args"] if "init_args" in model else model  # subclass mode: under init_args
         if "precision" in settings:
             settings["precision"] = _weight_precision(chosen)
-    print(f"platform: {info.describe()}; precision {chosen} ({how})", flush=True)
+    profile_text = f"; {profile.describe()}" if profile is not None else ""
+    print(f"platform: {info.describe()}; precision {chosen} ({how}){profile_text}", flush=True)
 
 
 def _weight_precision(precision) -> str:

@@ -123,3 +123,53 @@ def default_eval_batch_size(device_type: str) -> int:
     largest eval batch of the configs/hw overlays, whose memory shares were sized beside training.
     """
     return 32 if device_type == "cuda" else 16
+
+
+# ---- platform profiles: what a GPU kind changes beyond precision ---------------------------------------
+# Sized for the 1.5B MBPP recipes (Qwen2.5-1.5B, prompts up to ~350 tokens + 512 new tokens); the memory
+# arithmetic is in README.md ("Platform profiles"). configs/hw/*.yaml hold the same values for users
+# who prefer explicit files (tests/test_platform_profile.py keeps them equal). Keys are config keys as
+# written on the command line (``--model.micro_batch_size 2``).
+_PROFILES: dict[str, dict] = {
+    # Under 30 GiB or before sm_80 (V100 16/32 GB, T4, 24 GB cards): the fp32 master weights, grads and
+    # AdamW states of 1.5B parameters (25 GB) leave little beside them, so small micro-batches with
+    # recomputation; slow fp16 GPUs also evaluate on fewer problems.
+    "v100": {"model.micro_batch_size": 2, "model.gradient_checkpointing": True,
+             "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 8, "eval.num_questions": 10},
+    # sm_80+ with 30 GiB or more (A100 40/80 GB, L40S, A6000, smaller sm_90 cards). On 40 GB the states
+    # (28 GB) and 4 recomputed rows leave 13 GB: a colocated vLLM engine awake beside them gets 0.25 of it.
+    "a100": {"model.micro_batch_size": 4, "model.gradient_checkpointing": True,
+             "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 16, "eval.num_questions": 20},
+    # sm_90+ with 70 GiB or more (H100, H200, B200): room to skip recomputation (about 13% of a step):
+    # 8 full-length rows keep 24 GB, so 52 GB with the states, and 0.3 of 85 GB for vLLM on top.
+    "h100": {"model.micro_batch_size": 8, "model.gradient_checkpointing": False,
+             "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 32, "eval.num_questions": 20},
+}
+PROFILE_LABELS = {"v100": "V100-class (before sm_80 or under 30 GiB)", "a100": "A100-class (sm_80+, 30 GiB+)",
+                  "h100": "H100-class (sm_90+, 70 GiB+)"}
+# Keys the hw overlays leave to the recipe: an overlay goes after a recipe, and a recipe's eval set is
+# part of its experiment; the profile only fills it where no config sets it.
+PROFILE_ONLY_KEYS = ("eval.num_questions",)
+
+
+def profile_kind(info: PlatformInfo) -> str | None:
+    """"v100", "a100" or "h100" (the configs/hw overlay with this GPU's values), None on CPU.
+
+    Memory decides how much fits; the compute capability says how fast and in which precision.
+    An A100 80 GB stays A100-class (sm_80): the overlay for it says 40 or 80 GB.
+    """
+    if info.device_type != "cuda":
+        return None
+    major = (info.compute_capability or (0, 0))[0]
+    memory_gib = (info.gpu_memory_bytes or 0) / 2**30
+    if major < 8 or memory_gib < 30:
+        return "v100"
+    if major >= 9 and memory_gib >= 70:
+        return "h100"
+    return "a100"
+
+
+def profile_for(info: PlatformInfo) -> dict:
+    """The settings this platform's profile chooses, as config keys (empty on CPU)."""
+    kind = profile_kind(info)
+    return dict(_PROFILES[kind]) if kind else {}
