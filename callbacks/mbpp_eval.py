@@ -91,7 +91,8 @@ class MBPPEval(L.Callback):
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
             self.evaluate(trainer, pl_module)
         if self.history and self.history[-1].get("pass_rate") is not None:
-            pl_module.log("pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
+            # the last eval's share of problems whose every test passed (greedy), not this step's
+            pl_module.log("eval_pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
                           batch_size=1)
 
     def on_train_end(self, trainer, pl_module) -> None:

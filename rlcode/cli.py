@@ -75,6 +75,10 @@ class RunSettings:
 
 
 class RLCodeCLI(LightningCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        self.arguments = sys.argv[1:] if args is None else args  # the summary's resume command repeats them
+        super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
         # The training mode is the model's class (GRPO, or a subclass such as SPIRAL) and the data's
@@ -121,7 +125,7 @@ class RLCodeCLI(LightningCLI):
         # eval before metrics and plots (plots read both histories at batch and train end). The
         # summary itself prints at fit end, after every train-end hook.
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        callbacks = [RunSummary(command=self.arguments), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
