@@ -79,6 +79,17 @@ class RLCodeCLI(LightningCLI):
         self.arguments = sys.argv[1:] if args is None else args  # the summary's resume command repeats them
         super().parse_arguments(parser, args)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            # Failed before the run wrote anything of its own: leave no empty version_N behind.
+            from rlcode.run_files import discard_unstarted
+
+            _finish_wandb()
+            discard_unstarted(self.trainer.loggers)
+            raise
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
         # The training mode is the model's class (GRPO, or a subclass such as SPIRAL) and the data's
