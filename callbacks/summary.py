@@ -186,6 +186,7 @@ class RunSummary(L.Callback):
         last = None
         if checkpoint is not None:
             last = checkpoint.last_model_path or checkpoint.best_model_path or None
+        last = last or (shutdown.saved if shutdown else None)  # saved on the way out without a ModelCheckpoint
         dry_run = bool(getattr(pl_module.hparams, "dry_run", False))
         self.text = summarize(
             steps=trainer.global_step, seconds=time.perf_counter() - self._started,

@@ -125,6 +125,15 @@ def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, cap
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers restored, not left pointing at the run
 
 
+def test_last_checkpoint_is_the_final_state_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
+    """Lightning linked last.ckpt to the last numbered checkpoint (step 2), losing step 3's update."""
+    run = fit(tmp_path, "--trainer.max_steps", "3", "--checkpoint.every_n_train_steps", "2",
+              "--eval.at_start", "false", "--eval.at_end", "false")
+    last = run / "checkpoints/last.ckpt"
+    assert last.is_symlink() and last.resolve().name == "step-3.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
+
+
 def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys):
     run = fit(tmp_path, "--model.rewards", "[execution]", "--model.filter_zero_std_groups", "true",
               "--eval.at_start", "false", "--eval.at_end", "false")
