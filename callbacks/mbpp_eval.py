@@ -19,6 +19,7 @@ import json
 import os
 
 import lightning as L
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
 from rlcode.eval.policy_scoring import EvalReport, score_policy
@@ -209,8 +210,6 @@ def _environment_override() -> int | None:
 
 def _gathered(reports: list) -> list:
     """Every rank's reports (each rank scored its share of the batches), on every rank."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return reports
     shares: list = [None] * dist.get_world_size()

@@ -19,6 +19,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from rlcode.algorithms.step_record import StepRecord
+from rlcode.rewards.registry import REWARDS
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -94,10 +95,10 @@ def success_counts(record: StepRecord, labels: dict[str, tuple[str, str]] | None
 
 
 def _known_label(name: str) -> tuple[str, str]:
-    from rlcode.rewards.registry import REWARDS
-
     known = REWARDS.get(name)
-    return (known.success_label, known.success_meaning) if known else (f"{name}_ok", f"completions {name} counted as successful")
+    if known is None:
+        return f"{name}_ok", f"completions {name} counted as successful"
+    return known.success_label, known.success_meaning
 
 
 def successes(record: StepRecord) -> int:

@@ -42,6 +42,7 @@ from rlcode.callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval,
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
+from rlcode.run_files import discard_unstarted  # noqa: E402
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -84,8 +85,6 @@ class RLCodeCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except BaseException:
             # Failed before the run wrote anything of its own: leave no empty version_N behind.
-            from rlcode.run_files import discard_unstarted
-
             _finish_wandb()
             discard_unstarted(self.trainer.loggers)
             raise
@@ -136,7 +135,8 @@ class RLCodeCLI(LightningCLI):
         # eval before metrics and plots (plots read both histories at batch and train end). The
         # summary itself prints at fit end, after every train-end hook.
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        callbacks = [RunSummary(command=self.arguments), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        callbacks = [RunSummary(command=self.arguments), *configured, GRPOMetrics(), TrainingPlots(),
+                     GracefulShutdown()]
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)

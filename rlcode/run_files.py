@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
@@ -84,8 +85,6 @@ def discard_unstarted(loggers) -> Path | None:
     """Delete the run directory (the ``ResumableCSVLogger``'s) when it holds nothing but what every
     command writes first; returns it if deleted. Rank zero only; a directory with any checkpoint,
     metric, eval or rollout is left alone."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
     logger = next((logger for logger in loggers if isinstance(logger, ResumableCSVLogger)), None)
     if logger is None or rank_zero_only.rank != 0:
         return None

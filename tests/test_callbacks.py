@@ -134,7 +134,8 @@ def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path)
     saved = []
     one_device = SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision)
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), log_dir=str(tmp_path),
-                              lightning_module=SimpleNamespace(hparams={}), global_step=7, should_stop=False, save_checkpoint=saved.append, strategy=one_device)
+                              lightning_module=SimpleNamespace(hparams={}), global_step=7, should_stop=False,
+                              save_checkpoint=saved.append, strategy=one_device)
     callback = GracefulShutdown()
     before = signal.getsignal(signal.SIGINT)
     callback.on_train_start(trainer, None)
