@@ -1,8 +1,24 @@
-"""Checkpoints of a run: ``checkpoints/step-<N>.ckpt`` every N optimizer steps, plus ``last.ckpt``."""
+"""Checkpoints of a run: ``checkpoints/step-<N>.ckpt`` every N optimizer steps, plus ``last.ckpt``.
+
+There is one ``last.ckpt`` and it always holds the newest state. Lightning's ModelCheckpoint, when
+``last.ckpt`` already exists and is not the file it wrote itself, writes ``last-v1.ckpt`` beside it
+(its version counter). An interrupted run has exactly that: the interrupt's checkpoint was written
+by another hand, so the run ended with two full copies, the summary named ``last-v1.ckpt``, and a
+later save could go to a ``last-vN`` while ``--ckpt_path last`` kept reading the older
+``last.ckpt``. Here the counter is off, the interrupt saves through this callback
+(``save_now``), and each file is written beside its name and renamed over it, so a run killed while
+writing keeps its previous ``last.ckpt`` whole, and a ``last.ckpt`` that links to a numbered
+checkpoint is replaced instead of written through.
+
+A dry run changes no weights: it writes no checkpoint at all.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
+from weakref import proxy
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -27,4 +43,47 @@ class StepCheckpoint(ModelCheckpoint):
                          # With numbered checkpoints last.ckpt is a link to the newest: a 135M model with
                          # AdamW state is 1.6 GB per file, twice the same file is waste.
                          save_last="link" if numbered else True,
-                         every_n_train_steps=every_n_train_steps or None, save_weights_only=save_weights_only)
+                         every_n_train_steps=every_n_train_steps or None, save_weights_only=save_weights_only,
+                         enable_version_counter=False)  # one last.ckpt, overwritten (see the module doc)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if getattr(pl_module.hparams, "dry_run", False):
+            self.save_last, self.save_top_k = False, 0  # nothing changed: nothing to save
+
+    @property
+    def saves(self) -> bool:
+        """False in a dry run."""
+        return bool(self.save_last) or self.save_top_k != 0
+
+    def save_now(self, trainer) -> str | None:
+        """Save the current state between steps (a graceful stop): ``last.ckpt``, and with numbered
+        checkpoints also ``step-<N>.ckpt`` for ``last.ckpt`` to link to. Returns ``last.ckpt``'s
+        path, or None when nothing is saved (a dry run). Every rank calls it."""
+        if not self.saves:
+            return None
+        if self._last_global_step_saved != trainer.global_step:  # not saved at this step already
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        return self.last_model_path or None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # Lightning's would leave last.ckpt linked to the last numbered checkpoint when max_steps is
+        # not a multiple of every_n_train_steps: the steps after it saved nowhere.
+        self.save_now(trainer)
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        # Lightning's, but written to a side file first and renamed over the name (see the module doc).
+        partial = f"{filepath}.partial"
+        trainer.save_checkpoint(partial, self.save_weights_only)  # ends with a barrier: complete on disk
+        if trainer.is_global_zero:
+            if os.path.isdir(filepath) and not os.path.islink(filepath):
+                shutil.rmtree(filepath)  # a sharded checkpoint (a folder) of an earlier save
+            os.replace(partial, filepath)  # a link at filepath is replaced, its target left alone
+        trainer.strategy.barrier("StepCheckpoint._save_checkpoint")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))

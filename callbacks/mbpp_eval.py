@@ -5,6 +5,12 @@ Each eval logs ``mbpp_eval/pass_rate``, ``mbpp_eval/problems_passed`` (greedy) a
 completion and verdict to ``<run dir>/eval/step_<n>.json``. ``MBPP_EVAL_NUM_QUESTIONS`` in the
 environment overrides ``num_questions``, e.g. for a quick check of a big
 recipe.
+
+``rlcode validate`` (Lightning's validation loop, batches from the DataModule) scores as many problems
+as this callback would: ``MBPP_EVAL_NUM_QUESTIONS``, else ``data.num_eval_tasks`` when set, else
+``num_questions``; and the callback writes its per-problem results to the same
+``eval/step_<n>.json`` (``rlcode test``: ``eval/test_step_<n>.json``; the environment variable sizes
+it too).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 
 import lightning as L
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
 from rlcode.eval.policy_scoring import EvalReport, score_policy
@@ -69,16 +76,54 @@ class MBPPEval(L.Callback):
         self.history: list[dict] = []  # {"step", "pass_rate", "problems_passed", "path", ...}
         self._pool = None
         self._last_step: int | None = None
+        self._loop_reports: list = []  # rlcode validate / test: the batches' reports
 
     @property
     def effective_num_questions(self) -> int | None:
-        override = os.environ.get(NUM_QUESTIONS_ENV)
-        if override:
-            try:
-                return int(override)
-            except ValueError:
-                raise ValueError(f"{NUM_QUESTIONS_ENV}={override!r} is not an integer: unset it or give a count") from None
-        return self.num_questions
+        override = _environment_override()
+        return self.num_questions if override is None else override
+
+    # ---- rlcode validate / test --------------------------------------------------------------
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._loop_reports: list = []
+        datamodule = trainer.datamodule
+        if stage not in ("validate", "test") or not hasattr(datamodule, "num_eval_tasks"):
+            return
+        override = _environment_override()
+        if override is not None:
+            datamodule.num_eval_tasks = override
+        elif stage == "validate" and datamodule.num_eval_tasks is None:
+            datamodule.num_eval_tasks = self.num_questions  # the split this callback scores during fit
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._collect(trainer, outputs)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._collect(trainer, outputs)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._write_loop_report(trainer, getattr(trainer.datamodule, "eval_split", "validation"), "")
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._write_loop_report(trainer, "test", "test_")
+
+    def _collect(self, trainer, outputs) -> None:
+        if isinstance(outputs, EvalReport) and not trainer.sanity_checking:
+            self._loop_reports.append(outputs)
+
+    def _write_loop_report(self, trainer, split: str, prefix: str) -> None:
+        """The loop's per-problem results in one file, as an eval during fit writes them."""
+        if trainer.state.fn not in ("validate", "test"):
+            return  # fit: this callback's own evals write theirs
+        problems = [problem for report in _gathered(self._loop_reports) for problem in report.problems]
+        self._loop_reports = []
+        if not problems or not trainer.is_global_zero:
+            return
+        report = EvalReport(trainer.global_step, split, 0.0, sorted(problems, key=lambda p: p.task_id))
+        path = run_dir(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.as_json(), indent=2))
+        rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
@@ -91,7 +136,8 @@ class MBPPEval(L.Callback):
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
             self.evaluate(trainer, pl_module)
         if self.history and self.history[-1].get("pass_rate") is not None:
-            pl_module.log("pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
+            # the last eval's share of problems whose every test passed (greedy), not this step's
+            pl_module.log("eval_pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
                           batch_size=1)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -150,6 +196,25 @@ class MBPPEval(L.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = list(state_dict.get("history", []))
+
+
+def _environment_override() -> int | None:
+    override = os.environ.get(NUM_QUESTIONS_ENV)
+    if not override:
+        return None
+    try:
+        return int(override)
+    except ValueError:
+        raise ValueError(f"{NUM_QUESTIONS_ENV}={override!r} is not an integer: unset it or give a count") from None
+
+
+def _gathered(reports: list) -> list:
+    """Every rank's reports (each rank scored its share of the batches), on every rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return reports
+    shares: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, reports)
+    return [report for share in shares for report in share]
 
 
 def _interrupted(trainer) -> bool:

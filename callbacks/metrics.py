@@ -3,18 +3,23 @@
 Names keep the original GRPO-on-MBPP scripts' W&B panels (``reward/avg_batch_reward``,
 ``reward/successful_predictions_count``) plus one mean per reward function (``reward/<name>``),
 completion lengths, loss parts (clip fractions, ratio, KL), throughput and where the step's time
-went. The progress bar gets the short ones: reward, pass (share of completions that pass), tok/s. Each step also prints one line in the
-ART toolkit's format (``Step 3: reward=0.250, success=37.5% (3/8), time=41.2s``).
+went. The progress bar gets the short ones: reward, the share of what each reward counts as a
+success, tok/s. Each step also prints one line in the ART toolkit's format, every success count named
+by what it counts (``Step 3: reward=0.250, ran=75.0% (6/8), passed=12.5% (1/8), time=41.2s``:
+``ran`` = programs that ran without an error, under the execution reward; ``passed`` = programs
+that passed every MBPP test, under the MBPP test rewards).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from rlcode.algorithms.step_record import StepRecord
+from rlcode.rewards.registry import REWARDS
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -43,15 +48,63 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     return metrics
 
 
-def successes(record: StepRecord) -> int:
-    """Successful completions as the first reward function counts them (execution: the program ran;
-    MBPP tests: every assert passed), else those with a positive total reward. Episodes that know
-    whether they solved their task (multi-step MBPP) count as one each."""
+class Successes(NamedTuple):
+    """One success count of a step: what it counts (``label`` for the step line and the progress
+    bar, ``meaning`` for the summary), among how many."""
+
+    label: str
+    meaning: str
+    count: int
+    total: int
+
+
+POSITIVE = ("positive", "completions with a positive total reward")
+
+
+def success_labels(module) -> dict[str, tuple[str, str]]:
+    """(label, meaning) of each reward function that counts successes, by its name in the step's
+    record, plus ``"episodes"`` for modes whose episodes know whether they succeeded."""
+    labels = {}
+    mixture = getattr(module, "rewards", None)
+    for name, function in zip(getattr(mixture, "names", []), getattr(mixture, "functions", [])):
+        if getattr(function, "success_label", None):
+            labels[name] = (function.success_label, function.success_meaning)
+    if getattr(module, "success_label", None):
+        labels["episodes"] = (module.success_label, module.success_meaning)
+    return labels
+
+
+def success_counts(record: StepRecord, labels: dict[str, tuple[str, str]] | None = None) -> list[Successes]:
+    """What succeeded in this step, per reward. Episodes that know whether they succeeded (multi-step
+    MBPP: solved; code game: predicted) count as one each; otherwise each reward function that counts
+    successes gives its own (execution: the program ran; MBPP tests: every assert passed), and with
+    none of those, completions with a positive total reward."""
+    labels = labels or {}
     if _episodes_know_success(record):
-        return sum(bool(e.get("success")) for e in record.episodes)
-    first = next(iter(record.rewards_by_function), None)
-    counted = record.reward_metrics.get(f"{first}/successful_predictions_count")
-    return int(counted) if counted is not None else sum(r > 0 for r in record.rewards)
+        label, meaning = labels.get("episodes", ("succeeded", "episodes that succeeded"))
+        return [Successes(label, meaning, sum(bool(e.get("success")) for e in record.episodes), len(record.episodes))]
+    counts: list[Successes] = []
+    for name in record.rewards_by_function:
+        counted = record.reward_metrics.get(f"{name}/successful_predictions_count")
+        if counted is None:
+            continue
+        label, meaning = labels.get(name) or _known_label(name)
+        if all(c.label != label for c in counts):  # mbpp_tests and mbpp_tests_fraction count the same
+            counts.append(Successes(label, meaning, int(counted), len(record.rewards)))
+    return counts or [Successes(*POSITIVE, sum(r > 0 for r in record.rewards), len(record.rewards))]
+
+
+def _known_label(name: str) -> tuple[str, str]:
+    known = REWARDS.get(name)
+    if known is None:
+        return f"{name}_ok", f"completions {name} counted as successful"
+    return known.success_label, known.success_meaning
+
+
+def successes(record: StepRecord) -> int:
+    """``reward/successful_predictions_count``: the first count of ``success_counts`` (the first reward
+    function's, as the original scripts logged it)."""
+    return success_counts(record)[0].count
 
 
 def _episodes_know_success(record: StepRecord) -> bool:
@@ -66,11 +119,12 @@ def trials(record: StepRecord) -> int:
     return len(record.rewards)
 
 
-def step_line(record: StepRecord) -> str:
-    """One human line per step, as the ART toolkit prints it."""
-    count, total = successes(record), trials(record)
-    line = (f"  Step {record.step}: reward={record.mean_reward:.3f}, success={100 * count / max(total, 1):.1f}% "
-            f"({count}/{total}), time={record.timings.get('step', 0.0):.1f}s")
+def step_line(record: StepRecord, labels: dict[str, tuple[str, str]] | None = None) -> str:
+    """One human line per step, as the ART toolkit prints it, each success count named by what it
+    counts: ``Step 3: reward=0.250, ran=75.0% (6/8), passed=12.5% (1/8), time=41.2s``."""
+    shares = "".join(f"{c.label}={100 * c.count / max(c.total, 1):.1f}% ({c.count}/{c.total}), "
+                     for c in success_counts(record, labels))
+    line = f"  Step {record.step}: reward={record.mean_reward:.3f}, {shares}time={record.timings.get('step', 0.0):.1f}s"
     return line if record.updated else line + " (no update)"
 
 
@@ -79,17 +133,21 @@ class GRPOMetrics(L.Callback):
         """Log each step's scalars and keep their history for plots and the summary.
 
         Args:
-            print_steps: print one line per step (reward, success count, time).
+            print_steps: print one line per step (reward, what succeeded per reward, time).
         """
         self.print_steps = print_steps
         self.history: list[tuple[int, float]] = []  # (step, mean reward)
         self.trajectories = 0  # completions (single-turn) or episodes, over the run: the ART summary
-        self.successful = 0
+        self.successes: dict[str, list] = {}  # label -> [meaning, count] over the run
+        self.updates = 0  # steps that changed the weights
+        self._labels: dict[str, tuple[str, str]] | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         record: StepRecord | None = getattr(pl_module, "last_step", None)
         if record is None:
             return
+        if self._labels is None:
+            self._labels = success_labels(pl_module)
         metrics = step_metrics(record)
         grad_norm = getattr(pl_module, "last_grad_norm", None)
         if grad_norm is not None and record.updated:
@@ -100,22 +158,28 @@ class GRPOMetrics(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)}, step=record.step)
         batch_size = len(record.prompts)
-        share = successes(record) / max(len(record.rewards), 1)
-        for name, value in (("reward", record.mean_reward), ("pass", share), ("tok/s", metrics["perf/tokens_per_s"])):
+        counts = success_counts(record, self._labels)
+        bar = [("reward", record.mean_reward), *((c.label, c.count / max(c.total, 1)) for c in counts),
+               ("tok/s", metrics["perf/tokens_per_s"])]
+        for name, value in bar:
             pl_module.log(name, value, prog_bar=True, logger=False, batch_size=batch_size)
         self.history.append((record.step, record.mean_reward))
         self.trajectories += trials(record)
-        self.successful += successes(record)
+        self.updates += bool(record.updated)
+        for c in counts:
+            self.successes.setdefault(c.label, [c.meaning, 0])[1] += c.count
         if self.print_steps:
-            _write(step_line(record))
+            _write(step_line(record, self._labels))
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history), "trajectories": self.trajectories, "successful": self.successful}
+        return {"history": list(self.history), "trajectories": self.trajectories, "updates": self.updates,
+                "successes": {label: list(entry) for label, entry in self.successes.items()}}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = [tuple(item) for item in state_dict.get("history", [])]
         self.trajectories = int(state_dict.get("trajectories", 0))
-        self.successful = int(state_dict.get("successful", 0))
+        self.updates = int(state_dict.get("updates", len(self.history)))
+        self.successes = {label: list(entry) for label, entry in state_dict.get("successes", {}).items()}
 
 
 def _std(values: list[float]) -> float:

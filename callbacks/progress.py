@@ -1,10 +1,11 @@
-"""The progress bar of a step-based RL run: ``GRPO steps 3/90 [...] reward=0.41, pass=62%, tok/s=830``.
+"""The progress bar of a step-based RL run: ``GRPO steps 3/90 [...] reward=0.41, ran=0.75, passed=0.125, tok/s=830``.
 
 Lightning's bar counts batches per epoch, and an endless prompt stream has one epoch of unknown
 length, so a max_steps run read "Epoch 0" with a batch count and no total. Here the bar is the run's
 optimizer steps out of ``max_steps`` (a resumed run starts at its step), followed by the step's mean
-reward, the share of completions that pass (the first reward's success count) and tokens/s, which
-``GRPOMetrics`` logs to the bar.
+reward, per reward the share of completions it counts as a success (``ran``: the program ran without
+an error, execution reward; ``passed``: every MBPP test passed, MBPP test rewards) and tokens/s, which
+``GRPOMetrics`` logs to the bar, and after an MBPP eval its greedy pass rate (``eval_pass_rate``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 class StepProgressBar(TQDMProgressBar):
     def __init__(self, refresh_rate: int = 1) -> None:
-        """Steps done / max_steps, reward, pass rate and tokens/s.
+        """Steps done / max_steps, reward, share of successes per reward, tokens/s, eval pass rate.
 
         Args:
             refresh_rate: redraw every N steps (a step takes seconds to minutes: every one).

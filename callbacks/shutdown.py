@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import signal
 
-from rlcode.callbacks.slurm_requeue import flush_loggers, requeue_job
-
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
+
+from rlcode.callbacks.checkpointing import StepCheckpoint
+from rlcode.callbacks.slurm_requeue import flush_loggers, requeue_job
 
 
 class GracefulShutdown(L.Callback):
@@ -26,6 +27,7 @@ class GracefulShutdown(L.Callback):
         """Save a checkpoint and stop after the running step when SIGINT, SIGTERM or SIGUSR1 arrives;
         after SIGUSR1 also requeue the SLURM job."""
         self.requested: str | None = None
+        self.saved: str | None = None  # the checkpoint written on the way out
         self.requeue = False  # SIGUSR1 reached some rank: rank zero requeues after the save
         self._previous: dict[int, object] = {}
 
@@ -59,14 +61,28 @@ class GracefulShutdown(L.Callback):
             return
         self.requeue = trainer.strategy.reduce_boolean_decision(self.requeue, all=False)  # SIGUSR1 anywhere
         self.requested = self.requested or "a signal to another rank"
+        self.saved = self._save(trainer)
+        if self.saved:
+            rank_zero_info(f"saved {self.saved} at step {trainer.global_step}; resume with --ckpt_path last")
+        else:
+            rank_zero_info(f"stopping at step {trainer.global_step}: a dry run changed no weights, nothing to save")
+        trainer.should_stop = True
+
+    @staticmethod
+    def _save(trainer) -> str | None:
+        """The newest state as ``last.ckpt`` (None in a dry run). Through the run's StepCheckpoint,
+        the one writer of its ``last.ckpt``: a second writer made it version its own copy."""
         callback = trainer.checkpoint_callback
+        if isinstance(callback, StepCheckpoint):
+            return callback.save_now(trainer)
+        if getattr(trainer.lightning_module.hparams, "dry_run", False):
+            return None
         folder = callback.dirpath if callback is not None and callback.dirpath else f"{trainer.log_dir}/checkpoints"
         path = f"{folder}/last.ckpt"
         if os.path.islink(path):
             os.unlink(path)  # a link to step-N.ckpt: writing through it would relabel that checkpoint
         trainer.save_checkpoint(path)
-        rank_zero_info(f"saved {path} at step {trainer.global_step}; resume with --ckpt_path last")
-        trainer.should_stop = True
+        return path
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import shlex
 import time
+from collections.abc import Sequence
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
@@ -13,10 +15,26 @@ from rlcode.callbacks.run_dir import run_dir
 
 def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
               checkpoint: str | None, plot: str | None, interrupted: str | None = None,
-              game_evals: list[dict] | None = None, trajectories: int = 0, successful: int = 0) -> str:
-    """The summary text (pure, so it can be tested without a trainer)."""
-    lines = [f"rlcode fit {'stopped by ' + interrupted if interrupted else 'finished'}: {steps} optimizer steps "
-             f"in {_duration(seconds)}"]
+              game_evals: list[dict] | None = None, trajectories: int = 0,
+              successes: Sequence[tuple[str, int]] = (), max_steps: int | None = None, dry_run: bool = False,
+              updates: int | None = None, resume: str | None = None) -> str:
+    """The summary text (pure, so it can be tested without a trainer).
+
+    ``successes``: (what is counted, count) over the run's ``trajectories``; ``updates``: steps that
+    changed the weights; ``resume``: the command that continues an interrupted run.
+    """
+    took = _duration(seconds)
+    of = f" of {max_steps}" if max_steps and max_steps > 0 else ""
+    if dry_run:
+        ended = f"stopped by {interrupted} at step {steps}{of}" if interrupted else f"finished {steps} steps"
+        head = f"rlcode fit (dry run) {ended} in {took}: rollouts and rewards only, no weight updates, no checkpoint"
+    elif interrupted:
+        head = f"rlcode fit stopped by {interrupted} at step {steps}{of} in {took}"
+    else:
+        steps_text = f"{steps} optimizer steps" if updates is None or updates >= steps else \
+            f"{steps} steps ({updates} updated the weights)"
+        head = f"rlcode fit finished: {steps_text} in {took}"
+    lines = [head]
     values = [r for _, r in rewards if not math.isnan(r)]
     if values:
         window = max(1, min(3, len(values) // 2))
@@ -39,10 +57,36 @@ def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], eval
         lines.append(f"  eval:       {evals[-1]['path']}")
     if plot:
         lines.append(f"  plot:       {plot}")
+    if interrupted and resume and not dry_run:
+        lines.append(f"  resume:     {resume}")
     if trajectories:  # ART's closing block: trajectories and success rates
-        lines += ["", "Training complete!", f"  Total trajectories: {trajectories}",
-                  f"  Successful: {successful} ({100 * successful / trajectories:.1f}%)", f"  Steps completed: {steps}"]
+        if dry_run:
+            header = "Dry run complete: no weight updates."
+        elif not interrupted and (not max_steps or max_steps < 0 or steps >= max_steps):
+            header = "Training complete!"
+        else:
+            header = f"Training stopped at step {steps}{of}."
+        lines += ["", header, f"  Total trajectories: {trajectories}"]
+        lines += [f"  {meaning[:1].upper() + meaning[1:]}: {count} ({100 * count / trajectories:.1f}%)"
+                  for meaning, count in successes]
+        lines.append(f"  Steps completed: {steps}")
     return "\n".join(lines)
+
+
+def resume_command(arguments) -> str | None:
+    """The command that continues this run: its own arguments with ``--ckpt_path last`` (None when
+    it was not started from a command line)."""
+    if not isinstance(arguments, (list, tuple)) or not all(isinstance(a, str) for a in arguments):
+        return None
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--ckpt_path":
+            skip = True  # and its value
+        elif not argument.startswith("--ckpt_path="):
+            kept.append(argument)
+    return shlex.join(["rlcode", *kept, "--ckpt_path", "last"])
 
 
 def _game_lines(game_evals: list[dict]) -> list[str]:
@@ -91,9 +135,14 @@ def _duration(seconds: float) -> str:
 
 
 class RunSummary(L.Callback):
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] | None = None) -> None:
         """Print what the run will do before it starts; afterwards steps, reward first vs last, pass
-        rate before vs after, and where the run's files are."""
+        rate before vs after, and where the run's files are.
+
+        Args:
+            command: the command's arguments (after ``rlcode``), for the resume hint of an interrupted run.
+        """
+        self.command = command
         self.text: str | None = None
         self._started = time.perf_counter()
 
@@ -137,10 +186,16 @@ class RunSummary(L.Callback):
         last = None
         if checkpoint is not None:
             last = checkpoint.last_model_path or checkpoint.best_model_path or None
+        last = last or (shutdown.saved if shutdown else None)  # saved on the way out without a ModelCheckpoint
+        dry_run = bool(getattr(pl_module.hparams, "dry_run", False))
         self.text = summarize(
             steps=trainer.global_step, seconds=time.perf_counter() - self._started,
             rewards=metrics.history if metrics else [], evals=evals.history if evals else [],
-            run=str(run_dir(trainer)), checkpoint=last, plot=str(plots.path) if plots and plots.path else None,
+            run=str(run_dir(trainer)), checkpoint=None if dry_run else last,
+            plot=str(plots.path) if plots and plots.path else None,
             interrupted=shutdown.requested if shutdown else None, game_evals=games.history if games else [],
-            trajectories=metrics.trajectories if metrics else 0, successful=metrics.successful if metrics else 0)
+            trajectories=metrics.trajectories if metrics else 0,
+            successes=[(meaning, count) for meaning, count in metrics.successes.values()] if metrics else [],
+            max_steps=trainer.max_steps, dry_run=dry_run, updates=metrics.updates if metrics else None,
+            resume=resume_command(self.command))
         print("\n" + self.text, flush=True)

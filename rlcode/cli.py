@@ -43,6 +43,7 @@ from rlcode.algorithms.grpo import GRPO  # noqa: E402
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.platform_profile import with_profile  # noqa: E402
+from rlcode.run_files import discard_unstarted  # noqa: E402
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -80,6 +81,15 @@ class RunSettings:
 
 
 class RLCodeCLI(LightningCLI):
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            # Failed before the run wrote anything of its own: leave no empty version_N behind.
+            _finish_wandb()
+            discard_unstarted(self.trainer.loggers)
+            raise
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
         # The training mode is the model's class (GRPO, or a subclass such as SPIRAL) and the data's
@@ -93,7 +103,8 @@ class RLCodeCLI(LightningCLI):
         # One precision knob: the trainer's decides the dtype the model's weights load in.
         parser.link_arguments("trainer.precision", "model.init_args.precision", compute_fn=_weight_precision)
 
-    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        self.arguments = sys.argv[1:] if args is None else args  # the summary's resume command repeats them
         # Before parsing, so that --print_config shows the GPU profile's values.
         argv, self._platform_profile = with_profile(parser, args)
         if argv is args:
@@ -134,7 +145,8 @@ class RLCodeCLI(LightningCLI):
         # eval before metrics and plots (plots read both histories at batch and train end). The
         # summary itself prints at fit end, after every train-end hook.
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        callbacks = [RunSummary(), *configured, GRPOMetrics(), TrainingPlots(), GracefulShutdown()]
+        callbacks = [RunSummary(command=self.arguments), *configured, GRPOMetrics(), TrainingPlots(),
+                     GracefulShutdown()]
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)

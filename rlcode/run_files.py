@@ -5,15 +5,22 @@ same directory used to lose the history of every step before the checkpoint. Her
 and only the rows of steps at or after the checkpoint's step are dropped: those steps run again
 (a run killed after logging step k+1 but before saving it would otherwise log k+1 twice).
 ``rollouts.jsonl`` is trimmed the same way.
+
+A command that fails before its run wrote anything of its own (a missing checkpoint, an unknown
+model, data that is not there) would leave a ``version_N`` holding only what every command writes
+first; ``discard_unstarted`` deletes such a directory, so the next run does not skip a number and
+``--ckpt_path last`` has no empty runs to look through.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
@@ -67,3 +74,34 @@ def trim_rollouts(run_dir: str | Path, resume_step: int) -> None:
     if path.is_file():
         lines = path.read_text().splitlines()
         path.write_text("".join(line + "\n" for line in lines if json.loads(line).get("step", 0) < resume_step))
+
+
+# Written by every command before its run does anything (the run id, the merged config, Lightning's
+# hparams on the way out), and the W&B folder of a run that logged nothing.
+_WRITTEN_FIRST = {"run.json", "config.yaml", "hparams.yaml"}
+
+
+def discard_unstarted(loggers) -> Path | None:
+    """Delete the run directory (the ``ResumableCSVLogger``'s) when it holds nothing but what every
+    command writes first; returns it if deleted. Rank zero only; a directory with any checkpoint,
+    metric, eval or rollout is left alone."""
+    logger = next((logger for logger in loggers if isinstance(logger, ResumableCSVLogger)), None)
+    if logger is None or rank_zero_only.rank != 0:
+        return None
+    folder = Path(logger.log_dir)
+    if not folder.is_dir() or not unstarted(folder):
+        return None
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
+def unstarted(folder: Path) -> bool:
+    """True when ``folder`` holds no file beyond ``_WRITTEN_FIRST`` and the W&B folder."""
+    for path in folder.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        parts = path.relative_to(folder).parts
+        if parts[0] == "wandb" or (len(parts) == 1 and parts[0] in _WRITTEN_FIRST):
+            continue
+        return False
+    return True

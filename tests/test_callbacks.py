@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV, MBPPEval
-from rlcode.callbacks.metrics import step_line, step_metrics, successes
+from rlcode.callbacks.metrics import step_line, step_metrics, success_counts, successes
 from rlcode.callbacks.plots import draw
 from rlcode.callbacks.rollout_logging import RolloutLogging, sample_rows
 from rlcode.callbacks.shutdown import GracefulShutdown
@@ -46,8 +46,24 @@ def test_step_metrics_carry_the_seed_names_and_ignore_nan():
 
 def test_success_count_falls_back_to_positive_rewards():
     assert successes(record(reward_metrics={})) == 2
-    line = step_line(record(updated=False))
-    assert line.startswith("  Step 3: reward=0.333, success=50.0% (2/4)") and line.endswith("(no update)")
+    line = step_line(record(updated=False, reward_metrics={}))
+    assert line.startswith("  Step 3: reward=0.333, positive=50.0% (2/4), time=") and line.endswith("(no update)")
+
+
+def test_each_success_count_is_named_by_what_it_counts_per_reward():
+    """"success" used to be the first reward's count whatever it was: under the execution reward it
+    counted programs that ran, shown beside the eval's pass rate as if tests had passed."""
+    both = record(rewards_by_function={"execution": [1.0, -0.5, 0.5, 0.5], "mbpp_tests_fraction": [1.0, 0, 0, 0.5],
+                                       "mbpp_tests": [1.0, 0, 0, 0]},
+                  reward_metrics={"execution/successful_predictions_count": 3.0,
+                                  "mbpp_tests_fraction/successful_predictions_count": 1.0,
+                                  "mbpp_tests/successful_predictions_count": 1.0})
+    counts = success_counts(both)
+    assert [(c.label, c.count, c.total) for c in counts] == [("ran", 3, 4), ("passed", 1, 4)]
+    assert counts[0].meaning == "programs that ran without an error"
+    assert counts[1].meaning == "programs that passed every MBPP test"
+    assert "reward=0.333, ran=75.0% (3/4), passed=25.0% (1/4), time=2.0s" in step_line(both)
+    assert step_metrics(both)["reward/successful_predictions_count"] == 3.0  # the W&B key keeps its meaning
 
 
 def test_rollout_samples_show_every_prompt_first(tmp_path):
@@ -77,19 +93,49 @@ def test_summary_reports_change_and_files():
                             {"step": 6, "pass_rate": 0.5, "num_questions": 4, "path": "runs/x/eval/step_6.json"}],
                      run="runs/x/version_0", checkpoint="runs/x/version_0/checkpoints/last.ckpt",
                      plot="runs/x/version_0/plots/training.png")
-    assert "6 optimizer steps in 2m05s" in text
+    assert text.startswith("rlcode fit finished: 6 optimizer steps in 2m05s")
     assert "first 3 step(s) +1.000 -> last 3 step(s) +4.000" in text
     assert "0.25 at step 0 -> 0.50 at step 6" in text
     for expected in ("runs/x/version_0", "last.ckpt", "step_6.json", "training.png"):
         assert expected in text
-    assert "stopped by SIGINT" in summarize(1, 1, [], [], "r", None, None, interrupted="SIGINT")
+
+    ran = [("programs that ran without an error", 7)]
+    done = summarize(2, 1, [], [], "r", "r/last.ckpt", None, trajectories=8, successes=ran, max_steps=2, updates=2)
+    assert "Training complete!\n  Total trajectories: 8\n  Programs that ran without an error: 7 (87.5%)\n" in done
+    assert "steps (" not in done and "resume" not in done
+
+
+def test_an_interrupted_run_says_where_it_stopped_and_how_to_resume():
+    from rlcode.callbacks.summary import resume_command
+
+    command = resume_command(["fit", "--config", "configs/my run.yaml", "--ckpt_path", "old.ckpt"])
+    assert command == "rlcode fit --config 'configs/my run.yaml' --ckpt_path last"
+    text = summarize(3, 1, [], [], "r", "r/last.ckpt", None, interrupted="SIGINT", trajectories=24,
+                     max_steps=6, resume=command)
+    assert text.startswith("rlcode fit stopped by SIGINT at step 3 of 6 in 1s")
+    assert f"  resume:     {command}" in text
+    assert "Training complete!" not in text and "Training stopped at step 3 of 6." in text
+    assert resume_command({"fit": {}}) is None  # arguments given as a dict: no command line to repeat
+
+
+def test_a_dry_run_says_it_made_no_updates_and_names_no_checkpoint():
+    text = summarize(2, 1, [], [], "r", None, None, trajectories=8, max_steps=2, dry_run=True, updates=0)
+    assert text.startswith("rlcode fit (dry run) finished 2 steps in 1s: rollouts and rewards only, no weight "
+                           "updates, no checkpoint")
+    assert "optimizer steps" not in text and "Training complete!" not in text and "checkpoint:" not in text
+    assert "Dry run complete: no weight updates." in text
+
+
+def test_steps_without_an_update_are_not_called_optimizer_steps():
+    assert "finished: 6 steps (4 updated the weights) in" in summarize(6, 1, [], [], "r", None, None, updates=4)
 
 
 def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path):
     saved = []
     one_device = SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision)
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), log_dir=str(tmp_path),
-                              global_step=7, should_stop=False, save_checkpoint=saved.append, strategy=one_device)
+                              lightning_module=SimpleNamespace(hparams={}), global_step=7, should_stop=False,
+                              save_checkpoint=saved.append, strategy=one_device)
     callback = GracefulShutdown()
     before = signal.getsignal(signal.SIGINT)
     callback.on_train_start(trainer, None)

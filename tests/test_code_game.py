@@ -109,8 +109,9 @@ def test_fit_counts_successful_predictions(tmp_path):
 def test_successful_predictions_count_counts_correct_predictions():
     """In episode modes `reward/successful_predictions_count` counts episodes that succeeded (here:
     correct predictions) among all episodes; an invalid program (success None) is a game without a correct prediction."""
-    from rlcode.callbacks.metrics import step_line, step_metrics
+    from rlcode.algorithms.code_game import CodeGame
     from rlcode.algorithms.step_record import StepRecord
+    from rlcode.callbacks.metrics import step_line, step_metrics, success_labels
 
     record = StepRecord(step=0, group_size=1, task_ids=["a", "b", "c"], prompts=["p"] * 3, completions=["c"] * 3,
                         rewards=[1.0, -1.0, -1.0], rewards_by_function={"return": [1.0, -1.0, -1.0]},
@@ -118,7 +119,7 @@ def test_successful_predictions_count_counts_correct_predictions():
                         truncated=[False] * 3, frac_reward_zero_std=0.0, updated=True,
                         episodes=[{"success": True}, {"success": False}, {"success": None}])
     assert step_metrics(record)["reward/successful_predictions_count"] == 1.0
-    assert "success=33.3% (1/3)" in step_line(record)
+    assert "predicted=33.3% (1/3)" in step_line(record, success_labels(CodeGame))
 
 
 def test_a_served_model_can_be_the_predictor():

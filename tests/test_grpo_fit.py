@@ -79,11 +79,14 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
 
 
 def test_dry_run_generates_and_scores_but_never_updates(tmp_path, capsys):
+    """It used to end with "2 optimizer steps", "Training complete!" and a checkpoint of unchanged weights."""
     run = fit(tmp_path, "--model.dry_run", "true", "--eval.at_start", "false", "--eval.at_end", "false")
     assert {row["step"] for row in rollout_rows(run)} == {0, 1}  # steps are counted (max_steps ends it)
-    assert capsys.readouterr().out.count("(no update)") == 2
-    trained, start = policy_weights(run / "checkpoints/last.ckpt"), initial_weights()
-    assert all(torch.equal(trained[k], start[k]) for k in start)
+    out = capsys.readouterr().out
+    assert out.count("(no update)") == 2
+    assert "rlcode fit (dry run) finished 2 steps in" in out and "no weight updates, no checkpoint" in out
+    assert "optimizer steps" not in out and "Training complete!" not in out and "checkpoint:" not in out
+    assert not list(run.rglob("*.ckpt")), "a dry run writes no checkpoint"
 
 
 def test_resume_from_last_continues_at_the_same_step_and_data_order(tmp_path):
@@ -115,8 +118,20 @@ def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, cap
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 1
     assert not (run / "eval/step_1.json").exists()  # no final eval after an interruption
-    assert "stopped by SIGTERM: 1 optimizer steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stopped by SIGTERM at step 1 of 5" in out and "Training complete!" not in out
+    assert "Training stopped at step 1 of 5." in out and "  resume:     rlcode fit --config " in out
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers restored, not left pointing at the run
+
+
+def test_last_checkpoint_is_the_final_state_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
+    """Lightning linked last.ckpt to the last numbered checkpoint (step 2), losing step 3's update."""
+    run = fit(tmp_path, "--trainer.max_steps", "3", "--checkpoint.every_n_train_steps", "2",
+              "--eval.at_start", "false", "--eval.at_end", "false")
+    last = run / "checkpoints/last.ckpt"
+    assert last.is_symlink() and last.resolve().name == "step-3.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
 def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys):

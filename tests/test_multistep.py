@@ -134,5 +134,6 @@ def test_fit_leaves_a_run_directory_with_conversations(tmp_path, capsys):
     conversation = json.loads((run / "rollouts.jsonl").read_text().splitlines()[0])
     assert len(conversation["turns"]) == 3 and conversation["turns"][1]["observation"].startswith("Running your code")
     out = capsys.readouterr().out
-    assert "Step 0: reward=" in out and "success=" in out
-    assert "Training complete!\n  Total trajectories: 16\n  Successful: 0 (0.0%)\n  Steps completed: 2" in out
+    assert "Step 0: reward=" in out and "solved=" in out
+    assert ("Training complete!\n  Total trajectories: 16\n  Episodes solved (every test passed) within the attempts: "
+            "0 (0.0%)\n  Steps completed: 2") in out

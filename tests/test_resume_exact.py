@@ -4,7 +4,9 @@ reaches step n with the same weights and the same logged rewards as a run never 
 The reward draws from python's, numpy's and torch's generators on top of a length reward, so a resume
 that re-seeds them (Lightning's checkpoints hold no RNG state) logs other rewards from step k on and
 trains on other advantages. The kill is a real SIGKILL of a separate process (no handler, no
-teardown): this file run as ``python tests/test_resume_exact.py RUN_ROOT KILL_AT [extra args]``.
+teardown): this file run as ``python tests/test_resume_exact.py RUN_ROOT STOP [extra args]``, STOP being
+``0`` (run to the end), ``kill@K`` (SIGKILL after step K's checkpoint) or ``sigint@K`` (Ctrl-C during
+step K+1's end: the graceful stop saves the state after step K and exits).
 """
 
 from __future__ import annotations
@@ -56,9 +58,27 @@ def _kill_after_checkpoint(kill_at: int) -> None:
     StepCheckpoint.on_train_batch_end = on_train_batch_end
 
 
-def run_in_process(root: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
+def _interrupt_at(step: int) -> None:
+    """Ctrl-C (a real SIGINT to this process) as step ``step`` ends, before the graceful stop looks."""
+    import signal
+
+    from rlcode.callbacks.shutdown import GracefulShutdown
+
+    original = GracefulShutdown.on_train_batch_end
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == step:
+            signal.raise_signal(signal.SIGINT)
+        original(self, trainer, *args)
+
+    GracefulShutdown.on_train_batch_end = on_train_batch_end
+
+
+def run_in_process(root: Path, *extra: str, kill_at: int | None = None,
+                   interrupt_at: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, str(Path(__file__)), str(root), str(kill_at or 0), *extra]
+    stop = f"kill@{kill_at}" if kill_at else f"sigint@{interrupt_at}" if interrupt_at else "0"
+    command = [sys.executable, str(Path(__file__)), str(root), stop, *extra]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -100,6 +120,35 @@ def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp
     rollouts = [json.loads(line)["completion"] for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert rollouts == [json.loads(line)["completion"]
                         for line in (reference / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_two_interrupts_and_two_resumes_match_an_uninterrupted_run_with_only_last_checkpoints(tmp_path):
+    """The CPU configs' setting (``checkpoint.every_n_train_steps: 0``: ``last.ckpt`` only). Ctrl-C used
+    to leave ``last-v1.ckpt`` beside ``last.ckpt`` (Lightning versioned the file another hand had
+    written), the summary named it, and a later save went to a ``last-vN`` while ``--ckpt_path last``
+    read the older ``last.ckpt``: steps ran again on a stale state."""
+    setting = ["--checkpoint.every_n_train_steps", "0"]
+    straight = run_in_process(tmp_path / "straight", *setting)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run = tmp_path / "resumed/tiny/version_0"
+    for stop_at, resume in ((1, []), (3, ["--ckpt_path", "last"])):
+        stopped = run_in_process(tmp_path / "resumed", *setting, *resume, interrupt_at=stop_at)
+        assert stopped.returncode == 0, stopped.stderr[-3000:]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"], "one last.ckpt, no last-vN"
+        saved = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+        assert saved["global_step"] == stop_at, "last.ckpt holds the newest state"
+        assert f"checkpoint: {run / 'checkpoints/last.ckpt'}" in stopped.stdout
+        assert f"stopped by SIGINT at step {stop_at} of {STEPS}" in stopped.stdout, stopped.stdout[-2000:]
+
+    resumed = run_in_process(tmp_path / "resumed", *setting, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    reference = tmp_path / "straight/tiny/version_0"
+    assert logged_rewards(run) == logged_rewards(reference) and sorted(logged_rewards(run)) == list(range(STEPS))
+    ours, theirs = weights(run), weights(reference)
+    assert ours.keys() == theirs.keys() and ours
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), "same parameters at step n, bit for bit"
 
 
 def test_resume_parts_round_trip_through_a_checkpoint():
@@ -150,10 +199,12 @@ def test_each_rank_takes_back_its_own_generator_states():
 
 
 if __name__ == "__main__":
-    root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+    root, stop = Path(sys.argv[1]), sys.argv[2]
     torch.set_num_threads(1)  # the same arithmetic in every run (and room for the sandbox worker)
-    if kill_at:
-        _kill_after_checkpoint(kill_at)
+    if stop.startswith("kill@"):
+        _kill_after_checkpoint(int(stop.removeprefix("kill@")))
+    elif stop.startswith("sigint@"):
+        _interrupt_at(int(stop.removeprefix("sigint@")))
     from rlcode.cli import main
 
     main(arguments(root, *sys.argv[3:]))

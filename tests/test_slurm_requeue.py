@@ -74,7 +74,7 @@ def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_
     saved = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert saved["global_step"] == 2, "step 1 was finished before saving"
     assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt")), "Lightning's mid-step auto-requeue must be off"
-    assert "stopped by SIGUSR1: 2 optimizer steps" in first.stdout
+    assert "stopped by SIGUSR1 at step 2 of 4" in first.stdout
     record = json.loads((run / "run.json").read_text())
     assert record["slurm_job_id"] == JOB_ID
 
@@ -84,7 +84,7 @@ def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_
     assert not (tmp_path / "runs/tiny/version_2").exists(), "the requeued job continues in its run directory"
     assert json.loads((run / "run.json").read_text()) == record, "same run id (and W&B run) after the requeue"
     assert (tmp_path / "scontrol.log").read_text().count("requeue") == 1, "a finished run does not requeue"
-    assert "finished: 4 optimizer steps" in requeued.stdout
+    assert "rlcode fit finished: 4 " in requeued.stdout and "Training complete!" in requeued.stdout
 
     rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({row["step"] for row in rows}) == [0, 1, 2, 3], "steps 0-1 before, 2-3 after the requeue"

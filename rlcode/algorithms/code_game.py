@@ -59,6 +59,8 @@ class CodeGame(GRPO):
         return self._opponent_actor
 
     reward_description = "writer +1 / predictor -1 when the prediction is wrong, the opposite when right"
+    success_label = "predicted"  # what an episode's success means, in the step line and the summary
+    success_meaning = "games whose program's output was predicted correctly"
 
     def _build_rewards(self):
         self._sandbox = self.sandbox_pool(2 * self.hparams.program_timeout + 5)

@@ -330,13 +330,14 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         return self.hparams.filter_zero_std_groups
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
-    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        self._log_greedy_pass_rate(batch, batch_idx, "mbpp_eval")
+    # Each returns its batch's EvalReport: the MBPP eval callback writes the per-problem results.
+    def validation_step(self, batch: PromptBatch, batch_idx: int):
+        return self._log_greedy_pass_rate(batch, batch_idx, "mbpp_eval")
 
-    def test_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        self._log_greedy_pass_rate(batch, batch_idx, "mbpp_test")
+    def test_step(self, batch: PromptBatch, batch_idx: int):
+        return self._log_greedy_pass_rate(batch, batch_idx, "mbpp_test")
 
-    def _log_greedy_pass_rate(self, batch: PromptBatch, batch_idx: int, prefix: str) -> None:
+    def _log_greedy_pass_rate(self, batch: PromptBatch, batch_idx: int, prefix: str):
         from rlcode.eval.policy_scoring import score_batch
         from rlcode.eval.progress import EvalProgress, problems_in_eval_loop
 
@@ -350,6 +351,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         count = len(report.problems)
         self.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
+        return report
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:

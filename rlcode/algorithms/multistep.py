@@ -34,6 +34,9 @@ class MultiStepMBPP(GRPO):
         """
         super().__init__(**grpo_settings)
 
+    success_label = "solved"  # what an episode's success means, in the step line and the summary
+    success_meaning = "episodes solved (every test passed) within the attempts"
+
     @property
     def reward_description(self) -> str:
         hp = self.hparams

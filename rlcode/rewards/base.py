@@ -66,6 +66,10 @@ class SandboxReward:
 
     name = "sandbox_reward"
     lowest = 0.0  # the reward for anything that went wrong
+    # What ``successful_predictions_count`` counts, for people: a short label (step line, progress
+    # bar) and its meaning (the end-of-run summary).
+    success_label = "succeeded"
+    success_meaning = "completions this reward counted as successful"
 
     def __init__(self, pool=None, timeout: float = 10.0, workers: int | None = None,
                  tags: Mapping[str, str] | None = None, run_id: str | None = None):

@@ -21,6 +21,8 @@ class ExecutionReward(SandboxReward):
 
     name = "execution"
     lowest = RUNTIME_ERROR
+    success_label = "ran"
+    success_meaning = "programs that ran without an error"
 
     def _submit(self, completion, row: dict, tags: dict[str, str]) -> Future:
         code = extract_code(completion)

@@ -33,6 +33,8 @@ class MBPPTestsPassed(SandboxReward):
 
     name = "mbpp_tests"
     lowest = 0.0
+    success_label = "passed"
+    success_meaning = "programs that passed every MBPP test"
 
     def __init__(self, pool=None, timeout: float = 10.0, workers: int | None = None,
                  tags=None, run_id: str | None = None, include_challenge_tests: bool = False):

@@ -1,0 +1,56 @@
+"""`rlcode validate` scores as many problems as the eval callback would and writes the per-problem
+results; a command that fails before its run starts leaves no empty run directory behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV
+from rlcode.cli import main
+from rlcode.run_files import unstarted
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+        "--data.eval_batch_size", "2"]
+
+
+def validate(root: Path, *extra: str) -> dict:
+    main(["validate", *BASE, "--run.root_dir", str(root), *extra])
+    (report,) = root.glob("tiny/version_*/eval/step_0.json")
+    return json.loads(report.read_text())
+
+
+def test_validate_takes_its_size_from_the_eval_settings_and_writes_every_problem(tmp_path, monkeypatch, capsys):
+    """It scored the whole split (90 problems) whatever ``eval.num_questions`` or
+    ``MBPP_EVAL_NUM_QUESTIONS`` said, and wrote no per-problem file."""
+    monkeypatch.delenv(NUM_QUESTIONS_ENV, raising=False)
+    report = validate(tmp_path / "config", "--eval.num_questions", "3")
+    assert report["num_questions"] == 3 and report["split"] == "validation" and report["step"] == 0
+    assert [p["task_id"] for p in report["problems"]] == [511, 512, 513]  # the first 3 of the split
+    assert {"task_id", "passed", "verdict", "completion"} <= set(report["problems"][0])
+    assert "  MBPP validate: 3/3 problems" in capsys.readouterr().out
+
+    monkeypatch.setenv(NUM_QUESTIONS_ENV, "1")  # overrides the config, as it does for the callback
+    assert validate(tmp_path / "environment", "--eval.num_questions", "3")["num_questions"] == 1
+
+    monkeypatch.delenv(NUM_QUESTIONS_ENV)
+    assert validate(tmp_path / "data", "--data.num_eval_tasks", "2")["num_questions"] == 2  # said for validate
+
+
+def test_a_command_that_fails_before_it_starts_leaves_no_run_directory(tmp_path):
+    with pytest.raises((FileNotFoundError, SystemExit)):
+        main(["fit", *BASE, "--run.root_dir", str(tmp_path), "--ckpt_path", str(tmp_path / "missing.ckpt")])
+    assert not list(tmp_path.glob("tiny/version_*")), "an empty version_0 was left behind"
+
+
+def test_only_directories_without_run_output_count_as_unstarted(tmp_path):
+    (tmp_path / "wandb/offline-run-x").mkdir(parents=True)
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("run.json", "config.yaml", "hparams.yaml", "wandb/offline-run-x/run.wandb"):
+        (tmp_path / name).write_text("")
+    assert unstarted(tmp_path)
+    (tmp_path / "checkpoints/last.ckpt").write_text("")
+    assert not unstarted(tmp_path)
