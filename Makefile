@@ -49,7 +49,8 @@ $(STAMP): pyproject.toml $(LOCK)
 lock:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) "$(UV)"
-	echo "torch==$(TORCH_VERSION)" | $(VENV)/bin/uv pip compile pyproject.toml --extra dev --upgrade \
+	@echo "resolving the newest releases into $(LOCK) ..."
+	@echo "torch==$(TORCH_VERSION)" | $(VENV)/bin/uv pip compile pyproject.toml --extra dev --upgrade \
 	    --universal --python-version 3.11 -c /dev/stdin $(addprefix --no-emit-package ,$(NOT_LOCKED)) \
 	    --custom-compile-command "make lock" -q -o $(LOCK)
 	@! grep -E '^(nvidia-|cuda-|triton)' $(LOCK) || { echo "add the GPU-only packages above to NOT_LOCKED" >&2; exit 1; }
