@@ -19,22 +19,32 @@ import torch
 FLOAT64_TOLERANCE = 1e-12
 
 
-def _rms_norm_in_own_dtype(self, hidden_states):
+def _llama_rms_norm(self, hidden_states):  # Llama, Qwen2, Mistral, ...: weight * normalised
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _gemma_rms_norm(self, hidden_states):  # Gemma: (1 + weight) * normalised
+    return self._norm(hidden_states) * (1.0 + self.weight)
 
 
 def in_float64(model):
     """``model`` in float64 throughout, returned.
 
-    transformers' RMSNorm (Llama, Qwen2, Mistral, ...) computes in float32 whatever the model's
-    dtype (it is there to upcast half precision), which would round every float64 activation to
-    float32 at each norm; here it runs the same formula in the model's own dtype.
+    transformers' RMSNorms compute in float32 whatever the model's dtype (they are there to upcast
+    half precision), which would round every float64 activation to float32 at each norm; here they
+    run the same formula in the model's own dtype (a norm of another form is refused).
     """
     model.to(torch.float64)
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(_rms_norm_in_own_dtype, module)
+        if not type(module).__name__.endswith("RMSNorm"):
+            continue
+        if hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_llama_rms_norm, module)
+        elif hasattr(module, "_norm") and hasattr(module, "eps"):
+            module.forward = types.MethodType(_gemma_rms_norm, module)
+        else:
+            raise TypeError(f"{type(module).__name__}: no float64 form of this norm here")
     return model
 
 
