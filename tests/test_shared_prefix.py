@@ -2,7 +2,7 @@
 parameter gradient equal to the plain pass, for groups, distinct prompts and multi-turn histories.
 
 The equalities run in float64, where the two passes agree to rounding (``exact_float64``); one
-float32 case checks the same against a bound derived from float32 rounding."""
+float32 case checks the same against bounds derived from float32 rounding (``float32_bounds``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from exact_float64 import assert_float64_equal, in_float64
+from float32_bounds import TermMagnitudes, gradient_bound, logp_bound, reduction_depth
 from grpo_harness import GradientRecorder, assert_same_gradients, build_module, fit_steps
 from rlcode.algorithms import sequence_logps, shared_prefix
 from rlcode.algorithms.prefix_tree import prefix_tree
@@ -203,83 +204,31 @@ def test_plain_head_path_shares_too(monkeypatch):
 
 
 # ---- one float32 case, against a bound derived from float32 rounding -----------------------------
-# A sum of n terms computed in float32, in any order, is within gamma(n) * sum |terms| of the exact
-# sum (gamma(n) = n u / (1 - n u), u = 2^-24: Higham, Accuracy and Stability of Numerical
-# Algorithms, 3.1). A trained weight's gradient is dW = sum_t delta_t^T x_t over the N token
-# positions of the pass (x: the layer's input, delta: the gradient at its output), so each pass's
-# dW is within gamma(N) M of the sum of its own computed terms, M = sum_t |delta_t|^T |x_t|. Those
-# terms carry the rounding of the reductions before them: forward to x, at most K sequential
-# reductions; backward from the loss to delta, as many again; to first order (the tiny random
-# layers, weights of std 0.02 on a residual stream, do not amplify relative errors) x and delta are
-# each within gamma(K) of exact. So each pass is within (gamma(N) + 2 gamma(K)) M of the exact
-# gradient, and the two passes within twice that. K per layer: the norm (mean over H), the q
-# projection (H), the attention scores (head size <= H), softmax and the weighted values (2 L over
-# L = prompt + completion positions), o_proj (H), the second norm (H), the gate/up projections (H)
-# and down (I): 5 H + I + 2 L; then the head (H) and its log-sum-exp over the vocabulary (V).
-# A log-prob z_i - logsumexp(z) (z: logits / temperature) is within 2 gamma(K) (|z_i| + |lse|)
-# per pass. With this case's sizes (N = 66, K = 868) the bounds are 2.1e-4 of M on the gradients
-# (the largest difference measured is 7% of that) and 1.3e-3 on the log-probs (measured: 4.8e-7); a
-# wrong position id still exceeds them (the float64 tests catch every smaller defect).
-_U32 = 2.0 ** -24
-
-
-def _gamma(n: int) -> float:
-    return n * _U32 / (1 - n * _U32)
-
-
-class _TermMagnitudes:
-    """Per trained Linear weight, M = sum over token positions of |delta_t|^T |x_t| (float64)."""
-
-    def __init__(self, model) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.positions = 0
-        self._handles = [module.register_forward_hook(self._hook(f"{name}.weight"))
-                         for name, module in model.named_modules()
-                         if isinstance(module, torch.nn.Linear) and module.weight.requires_grad]
-
-    def _hook(self, weight_name: str):
-        def forward(module, inputs, output):
-            x = inputs[0].detach().reshape(-1, inputs[0].size(-1)).double().abs()  # [N, in]
-            self.positions = max(self.positions, x.size(0))
-
-            def backward(grad):
-                delta = grad.detach().reshape(-1, grad.size(-1)).double().abs()  # [N, out]
-                self.sums[weight_name] = self.sums.get(weight_name, 0) + delta.T @ x  # [out, in]
-
-            output.register_hook(backward)
-
-        return forward
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
 def test_float32_shared_pass_is_within_the_rounding_bound(monkeypatch):
-    """The LoRA model (adapters only are trained: every gradient is a Linear weight's), three
-    distinct prompts, float32: log-probs and gradients within the derived bound above."""
+    """The LoRA model, three distinct prompts, float32: log-probs and every gradient within the
+    bounds ``float32_bounds`` derives from float32 rounding, the reduction lengths (here N = 66
+    positions, K = 868) and the terms' magnitudes: 2.1e-4 of M on the gradients (the largest
+    difference measured is 7% of that) and 1.3e-3 on the log-probs (measured: 4.8e-7). A wrong
+    position id still exceeds them; the float64 tests catch every smaller defect."""
     model = _lora()
     batch = _batch(_prompts("G=1"))
     spy = _Spy(model, monkeypatch)
-    terms = _TermMagnitudes(model)
+    terms = TermMagnitudes(model)
     plain = _logps_and_grads(model, batch, share_prefix=False)
     terms.remove()
     shared = _logps_and_grads(model, batch, share_prefix=True)
     assert spy.shared_calls == 1 and plain[0].dtype == torch.float32
 
-    config = model.get_base_model().config
-    hidden, length = config.hidden_size, batch[0].size(1) + batch[2].size(1)
-    depth = config.num_hidden_layers * (5 * hidden + config.intermediate_size + 2 * length) + hidden + config.vocab_size
     inputs = torch.cat([batch[0], batch[2]], 1), torch.cat([batch[1], batch[3]], 1)
+    depth = reduction_depth(model.get_base_model().config, inputs[0].size(1))
     with torch.no_grad():
-        z = model(input_ids=inputs[0], attention_mask=inputs[1],
-                  position_ids=sequence_logps.position_ids(inputs[1])).logits.double() / TEMPERATURE
-    logp_bound = 2 * 2 * _gamma(depth) * float(z.abs().max() + torch.logsumexp(z, -1).abs().max())
-    torch.testing.assert_close(shared[0], plain[0], atol=logp_bound, rtol=0)
+        logits = model(input_ids=inputs[0], attention_mask=inputs[1],
+                       position_ids=sequence_logps.position_ids(inputs[1])).logits
+    torch.testing.assert_close(shared[0], plain[0], atol=logp_bound(logits / TEMPERATURE, depth), rtol=0)
 
     assert plain[1].keys() == terms.sums.keys() and terms.positions == inputs[0].numel()
     for name, plain_grad in plain[1].items():
-        bound = 2 * (_gamma(terms.positions) + 2 * _gamma(depth)) * terms.sums[name]
+        bound = gradient_bound(terms.sums[name], terms.positions, depth)
         difference = (shared[1][name].double() - plain_grad.double()).abs()
         assert bool((difference <= bound).all()), f"{name}: {float((difference / bound).max()):.3g} of the bound"
         assert bool(plain_grad.abs().max() > 0) and bool((bound < 1e-3 * plain_grad.abs().max()).any())
