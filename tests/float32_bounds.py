@@ -9,9 +9,11 @@ sum (gamma(n) = n u / (1 - n u), u = 2^-24: Higham, Accuracy and Stability of Nu
 embedding row, the normalised input for a norm's weight); ``TermMagnitudes`` records
 M = sum_t |delta_t| |a_t| per parameter. The terms themselves carry the rounding of the reductions
 before them: forward to a, at most K sequential reductions; backward from the loss to delta, as many
-again; to first order (tiny random layers, weights of std 0.02 on a residual stream, do not
-amplify relative errors) a and delta are each within gamma(K) of exact. So each computation is
-within (gamma(N) + 2 gamma(K)) M of the exact gradient, and two within twice that: ``gradient_bound``.
+again. A component of a or delta can be small by cancellation, so their errors are bounded by the
+vectors' largest components: to first order (tiny random layers, weights of std 0.02 on a residual
+stream, do not amplify errors) each is within gamma(K) max|a_t| (max|delta_t|) of exact, and
+M' = sum_t max|delta_t| max|a_t| is recorded too. So each computation is within
+gamma(N) M + 2 gamma(K) M' of the exact gradient, and two within twice that: ``gradient_bound``.
 K per decoder layer: the norm (mean over H), the q projection (H), the attention scores (head size
 <= H), softmax and the weighted values (2 L over L positions), o_proj (H), the second norm (H), the
 gate/up projections (H) and down (I): 5 H + I + 2 L; then the head (H) and its log-sum-exp over the
@@ -42,9 +44,10 @@ def logp_bound(z: torch.Tensor, depth: int) -> float:
     return 2 * 2 * gamma(depth) * float(z.abs().max() + torch.logsumexp(z, -1).abs().max())
 
 
-def gradient_bound(magnitude: torch.Tensor, positions: int, depth: int) -> torch.Tensor:
-    """Two float32 computations of a gradient with term magnitudes ``magnitude`` apart by at most this."""
-    return 2 * (gamma(positions) + 2 * gamma(depth)) * magnitude
+def gradient_bound(terms: "TermMagnitudes", name: str, depth: int, relative: float = 0.0) -> torch.Tensor:
+    """Two float32 computations of parameter ``name``'s gradient apart by at most this; ``relative``:
+    a further relative error of every delta (e.g. from log-probs that differ by that much)."""
+    return 2 * (gamma(terms.positions) * terms.sums[name] + (2 * gamma(depth) + relative) * terms.norm_sums[name])
 
 
 class TermMagnitudes:
@@ -52,7 +55,8 @@ class TermMagnitudes:
     model's Linear, Embedding and RMSNorm modules, recorded over one forward and backward."""
 
     def __init__(self, model) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor] = {}  # M
+        self.norm_sums: dict[str, torch.Tensor] = {}  # M'
         self.positions = 0
         self._names = {id(p): name for name, p in model.named_parameters()}  # tied weights: one name
         self._handles = []
@@ -86,21 +90,27 @@ class TermMagnitudes:
 
             def backward(grad):
                 delta = grad.detach().double().abs().reshape(-1, grad.size(-1))  # [N, out]
+                largest = delta.max(-1, keepdim=True).values  # [N, 1]
                 if kind == "linear":
-                    self._add(weight, delta.T @ rows.double().abs())
+                    inputs = rows.double().abs()
+                    self._add(weight, delta.T @ inputs, largest.T @ inputs.max(-1, keepdim=True).values)
                     if bias is not None:
-                        self._add(self._names[id(bias)], delta.sum(0))
+                        self._add(self._names[id(bias)], delta.sum(0), largest.sum(0))
                 elif kind == "embedding":
-                    self._add(weight, torch.zeros_like(module.weight, dtype=torch.float64).index_add_(0, rows, delta))
+                    table = torch.zeros_like(module.weight, dtype=torch.float64)
+                    self._add(weight, table.index_add(0, rows, delta), table.index_add(0, rows, largest.expand_as(delta)))
                 else:
-                    self._add(weight, (delta * normalised.reshape(delta.shape)).sum(0))
+                    flat = normalised.reshape(delta.shape)
+                    self._add(weight, (delta * flat).sum(0), (largest * flat.max(-1, keepdim=True).values).sum(0))
 
             output.register_hook(backward)
 
         return forward
 
-    def _add(self, name: str, value: torch.Tensor) -> None:
+    def _add(self, name: str, value: torch.Tensor, normwise: torch.Tensor) -> None:
         self.sums[name] = self.sums[name] + value if name in self.sums else value
+        normwise = normwise.expand_as(value)
+        self.norm_sums[name] = self.norm_sums[name] + normwise if name in self.norm_sums else normwise
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -207,9 +207,9 @@ def test_plain_head_path_shares_too(monkeypatch):
 def test_float32_shared_pass_is_within_the_rounding_bound(monkeypatch):
     """The LoRA model, three distinct prompts, float32: log-probs and every gradient within the
     bounds ``float32_bounds`` derives from float32 rounding, the reduction lengths (here N = 66
-    positions, K = 868) and the terms' magnitudes: 2.1e-4 of M on the gradients (the largest
-    difference measured is 7% of that) and 1.3e-3 on the log-probs (measured: 4.8e-7). A wrong
-    position id still exceeds them; the float64 tests catch every smaller defect."""
+    positions, K = 868) and the terms' magnitudes: at most 1.5e-3 of each gradient's scale (the
+    largest difference measured is 1.7% of its bound) and 1.3e-3 on the log-probs (measured:
+    4.8e-7). A wrong position id still exceeds them; the float64 tests catch every smaller defect."""
     model = _lora()
     batch = _batch(_prompts("G=1"))
     spy = _Spy(model, monkeypatch)
@@ -228,10 +228,10 @@ def test_float32_shared_pass_is_within_the_rounding_bound(monkeypatch):
 
     assert plain[1].keys() == terms.sums.keys() and terms.positions == inputs[0].numel()
     for name, plain_grad in plain[1].items():
-        bound = gradient_bound(terms.sums[name], terms.positions, depth)
+        bound = gradient_bound(terms, name, depth)
         difference = (shared[1][name].double() - plain_grad.double()).abs()
         assert bool((difference <= bound).all()), f"{name}: {float((difference / bound).max()):.3g} of the bound"
-        assert bool(plain_grad.abs().max() > 0) and bool((bound < 1e-3 * plain_grad.abs().max()).any())
+        assert bool(plain_grad.abs().max() > 0) and bool((bound < 1e-2 * plain_grad.abs().max()).all())
 
 
 def test_nothing_shared_runs_the_plain_pass(monkeypatch):
