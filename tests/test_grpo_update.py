@@ -41,7 +41,7 @@ def test_filtering_flat_groups_is_a_pure_speed_up(loss_type):
     kwargs = dict(loss_type=loss_type, rewards=["grpo_harness:first_group_only_reward"], micro_batch_size=3)
     unfiltered, _, _ = _gradients(filter_zero_std_groups=False, **kwargs)
     filtered, _, module = _gradients(filter_zero_std_groups=True, **kwargs)
-    assert module.last_step.frac_reward_zero_std == pytest.approx(0.5)  # one of the two groups is flat
+    assert module.last_step.frac_reward_zero_std == 0.5  # one of the two groups is flat (1/2: exact)
     assert_same_gradients(filtered[0], unfiltered[0])
 
 
