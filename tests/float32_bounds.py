@@ -98,7 +98,8 @@ class TermMagnitudes:
                         self._add(self._names[id(bias)], delta.sum(0), largest.sum(0))
                 elif kind == "embedding":
                     table = torch.zeros_like(module.weight, dtype=torch.float64)
-                    self._add(weight, table.index_add(0, rows, delta), table.index_add(0, rows, largest.expand_as(delta)))
+                    self._add(weight, table.index_add(0, rows, delta),
+                              table.index_add(0, rows, largest.expand_as(delta)))
                 else:
                     flat = normalised.reshape(delta.shape)
                     self._add(weight, (delta * flat).sum(0), (largest * flat.max(-1, keepdim=True).values).sum(0))

@@ -137,8 +137,9 @@ def _assert_gradients_within(ours, theirs, terms, depth, relative: float = 0.0) 
 @pytest.mark.parametrize("chunk_size", [CHUNK, None])
 def test_completion_logps_and_gradients_match_trl(trainer, chunk_size):
     """The production ``completion_logps`` against TRL's own per-token log-probs on the same
-    batch: values (0 on padding, as TRL) and every parameter's gradient of a weighted sum, within float32_bounds' derived bounds,
-    with 3-token chunks and with the default chunk. Guards the fused head rlcode trains with."""
+    batch: values (0 on padding, as TRL) and every parameter's gradient of a weighted sum, within the
+    bounds ``float32_bounds`` derives, with 3-token chunks and with the default chunk. Guards the
+    fused head rlcode trains with."""
     model = trainer.model
     assert sequence_logps._fusable_head(model) is not None, "the fused path must be the one compared"
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
