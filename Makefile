@@ -2,8 +2,24 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU build on this kind of machine; on a GPU cluster use e.g. `make setup TORCH=torch`.
-TORCH ?= torch==2.13.0
+# torch goes in first, alone, at the version the suite last passed with; which build comes is pip's
+# choice: PyPI's Linux x86_64 wheel is the CUDA build, a machine that serves its own CPU wheel gets
+# that. TORCH_INDEX adds a PyTorch index for another build, e.g.
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` (or .../whl/cu126).
+TORCH_VERSION := 2.13.0
+TORCH ?= torch==$(TORCH_VERSION)
+TORCH_INDEX ?=
+TORCH_PIP := "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+# Every other package at the version the suite last passed with (pip constraints; `make lock`
+# refreshes them). Not in it: torch and the CUDA libraries PyPI's torch wheel pulls in, so the
+# lock never fights the torch build a machine needs.
+LOCK := requirements-lock.txt
+NOT_LOCKED := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
+	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand \
+	nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink \
+	nvidia-nvshmem-cu13 nvidia-nvtx
+UV := uv==0.13.9
+LATEST_VENV ?= .venv-latest
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcode-installed
 # Tests and the quickstart read MBPP from the vendored copy beside the repo when nothing else is
@@ -11,22 +27,45 @@ STAMP := $(VENV)/.rlcode-installed
 SHARED_MBPP := $(abspath ../shared/data/mbpp/mbpp.jsonl)
 export MBPP_DATASET_PATH ?= $(if $(wildcard $(SHARED_MBPP)),$(SHARED_MBPP),)
 
-.PHONY: setup system-deps test unit integration quickstart bench clean
+.PHONY: setup lock test-latest system-deps test unit integration quickstart bench clean
 
 setup: $(STAMP)
 
 # Short output: what is being installed, then the installed versions and the sandbox level
 # (rlcode/setup_report.py); pip speaks only when something goes wrong.
 PIP := $(PY) -m pip install -q --disable-pip-version-check
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing $(TORCH) and rlcode[dev] into $(VENV) ..."
+	@echo "installing $(TORCH) and rlcode[dev] (versions from $(LOCK)) into $(VENV) ..."
 	@$(PIP) --upgrade pip
-	@$(PIP) "$(TORCH)"
-	@$(PIP) -e ".[dev]"
+	@$(PIP) -c $(LOCK) $(TORCH_PIP)
+	@$(PIP) -c $(LOCK) -e ".[dev]"
 	@$(PY) -m rlcode.setup_report
 	@touch $@
+
+# Re-resolve the lock to the newest releases pyproject.toml allows (with uv, against torch
+# $(TORCH_VERSION), for Python >= 3.11: trl needs it). Then `make test` and commit the lock if it passes.
+lock:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) "$(UV)"
+	@echo "resolving the newest releases into $(LOCK) ..."
+	@echo "torch==$(TORCH_VERSION)" | $(VENV)/bin/uv pip compile pyproject.toml --extra dev --upgrade \
+	    --universal --python-version 3.11 -c /dev/stdin $(addprefix --no-emit-package ,$(NOT_LOCKED)) \
+	    --custom-compile-command "make lock" -q -o $(LOCK)
+	@! grep -E '^(nvidia-|cuda-|triton)' $(LOCK) || { echo "add the GPU-only packages above to NOT_LOCKED" >&2; exit 1; }
+
+# The suite against the newest releases (no lock) in a fresh $(LATEST_VENV), to find drift on
+# purpose. torch stays $(TORCH) unless given, e.g. `make test-latest TORCH=torch`.
+test-latest:
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check $(TORCH_PIP)
+	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m rlcode.setup_report
+	$(LATEST_VENV)/bin/pytest -q -m "not integration"
+	$(LATEST_VENV)/bin/pytest -q -m integration
 
 # The sandbox's strongest isolation needs bubblewrap and libseccomp; without them it degrades
 # (rlcode-eval --doctor says to what), so a missing package is a warning, not a failure.
@@ -59,4 +98,4 @@ bench: setup
 	$(PY) benchmarks/step_throughput.py
 
 clean:
-	rm -rf $(VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) runs lightning_logs .pytest_cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
+from exact_float64 import assert_float64_equal, in_float64
 from rlcode.rollout.assembly import batch_from_token_lists
 
 PROMPT_LENGTH = 5
@@ -30,8 +31,10 @@ def fixed_rollout(virtual_prompts: list[int], group: int, vocab: int = 200, pad:
     return batch_from_token_lists(prompt_ids, completion_ids, ended, texts, pad_token_id=pad)
 
 
+# Rewards are multiples of 1/8, exact in float32: their sums, means and variances come out the same
+# in any order, so the (float32) advantages are bit-identical however ranks or micro-batches split them.
 def length_reward(prompts, completions, **columns) -> list[float]:
-    return [len(text) / 10.0 for text in completions]
+    return [len(text) / 8.0 for text in completions]
 
 
 def constant_reward(prompts, completions, **columns) -> list[float]:
@@ -40,7 +43,7 @@ def constant_reward(prompts, completions, **columns) -> list[float]:
 
 def first_group_only_reward(prompts, completions, **columns) -> list[float]:
     """Signal in the first group of 4 only; the other groups are flat (and filtered when asked)."""
-    return [len(text) / 10.0 if i < 4 else 0.0 for i, text in enumerate(completions)]
+    return [len(text) / 8.0 if i < 4 else 0.0 for i, text in enumerate(completions)]
 
 
 def use_fixed_rollouts(module) -> None:
@@ -67,13 +70,29 @@ class GradientRecorder(L.Callback):
                              for name, p in pl_module.policy.named_parameters() if p.requires_grad})
 
 
-def build_module(configure: bool = True, **overrides):
-    """A GRPO on the tiny random model with fixed rollouts (``configure``: build the model now)."""
+def build_module(configure: bool = True, float64: bool = False, **overrides):
+    """A GRPO on the tiny random model with fixed rollouts (``configure``: build the model now).
+
+    ``float64``: weights and arithmetic in float64 throughout (``exact_float64``), for gradient
+    comparisons that hold to rounding; ``fit_steps`` then trains in Lightning's "64-true".
+    """
     from rlcode.algorithms.grpo import GRPO
 
     settings = dict(model_name="tiny-random", rewards=["grpo_harness:length_reward"], num_generations=4,
                     max_new_tokens=6, micro_batch_size=8, max_grad_norm=None, learning_rate=1e-3)
+    if float64:
+        settings["precision"] = "64-true"
     module = GRPO(**{**settings, **overrides})
+    if float64:
+        configure_model = module.configure_model
+
+        def configure_in_float64() -> None:
+            configure_model()
+            in_float64(module.policy)
+            if getattr(module, "_reference", None) is not None:
+                in_float64(module._reference)
+
+        module.configure_model = configure_in_float64
     if configure:
         module.configure_model()
     use_fixed_rollouts(module)
@@ -88,23 +107,23 @@ def fit_steps(module, *, steps: int = 1, prompts_per_step: int = 2, callbacks=()
     settings = dict(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                     limit_val_batches=0)
+    if str(module.hparams.precision).startswith("64"):
+        settings["precision"] = "64-true"
     trainer = L.Trainer(**{**settings, **trainer_kwargs}, callbacks=list(callbacks))
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer
 
 
-def assert_same_gradients(a: dict, b: dict, tolerance: float = 1e-5) -> None:
-    """Every parameter's gradient equal up to float summation order: max |a - b| <= tolerance x the
-    gradient's own scale (a normaliser that is off by any factor fails by orders of magnitude)."""
+def assert_same_gradients(a: dict, b: dict) -> None:
+    """Every parameter's float64 gradient equal up to summation order (``exact_float64``: 1e-12 of
+    its scale; a normaliser that is off by any factor fails by orders of magnitude)."""
     assert a.keys() == b.keys() and a
     moved = 0
     for name in a:
         if a[name] is None or b[name] is None:
             assert a[name] is None and b[name] is None or _is_zero(a[name]) and _is_zero(b[name]), name
             continue
-        scale = max(float(b[name].abs().max()), 1e-12)
-        difference = float((a[name] - b[name]).abs().max())
-        assert difference <= tolerance * scale, f"{name}: max |difference| {difference:.3g} at scale {scale:.3g}"
+        assert_float64_equal(a[name], b[name], name)
         moved += bool(a[name].abs().max() > 0)
     assert moved, "no parameter got a gradient: the comparison would mean nothing"
 

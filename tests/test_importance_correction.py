@@ -36,7 +36,10 @@ def test_weights_by_hand():
          math.exp(-0.8),
          1.0],  # padding
     ])
-    torch.testing.assert_close(weights, expected)
+    # float32: the inputs carry their rounding (u |x| <= 7 u, u = 2^-24), the difference adds u |d|
+    # (|d| <= 3), exp turns its argument's absolute error e into a relative one and adds u: at most
+    # (7 + 7 + 3 + 1) u = 18 u relative to the exact weights worked out above.
+    torch.testing.assert_close(weights.double(), expected.double(), rtol=18 * 2.0**-24, atol=0)
     assert weights.dtype == torch.float32 and not weights.requires_grad
 
 
@@ -58,14 +61,16 @@ def test_corrected_advantages_and_metrics_by_hand():
 
 
 def test_folding_the_weights_into_the_advantages_weights_the_surrogate_and_not_the_kl():
-    """policy_loss with advantages A * w equals TRL's per_token_loss = w * surrogate + beta * kl."""
+    """policy_loss with advantages A * w equals TRL's per_token_loss = w * surrogate + beta * kl
+    (in float64, which every step keeps: a float64 comparison)."""
     generator = torch.Generator().manual_seed(0)
-    logps = (torch.randn(3, 5, generator=generator) - 1).requires_grad_(True)
-    old = logps.detach() + 0.3 * torch.randn(3, 5, generator=generator)
-    ref = logps.detach() + 0.2 * torch.randn(3, 5, generator=generator)
-    sampler = old + 0.5 * torch.randn(3, 5, generator=generator)
+    f64 = dict(generator=generator, dtype=torch.float64)
+    logps = (torch.randn(3, 5, **f64) - 1).requires_grad_(True)
+    old = logps.detach() + 0.3 * torch.randn(3, 5, **f64)
+    ref = logps.detach() + 0.2 * torch.randn(3, 5, **f64)
+    sampler = old + 0.5 * torch.randn(3, 5, **f64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
-    advantages = torch.tensor([1.0, -0.5, 2.0])
+    advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     beta, low, high = 0.04, 0.2, 0.28
 
     corrected, _ = importance_corrected_advantages(advantages, old, sampler, mask)
@@ -79,10 +84,12 @@ def test_folding_the_weights_into_the_advantages_weights_the_surrogate_and_not_t
     kl = (torch.exp(ref - logps) - (ref - logps) - 1) * ratio
     per_token = surrogate * weights + beta * kl
     expected = (per_token * mask).sum() / mask.sum()
+    assert loss.dtype == torch.float64
     torch.testing.assert_close(loss, expected)
     gradient, expected_gradient = torch.autograd.grad(loss, logps)[0], torch.autograd.grad(expected, logps)[0]
     torch.testing.assert_close(gradient, expected_gradient)
-    assert not torch.allclose(weights[mask.bool()], torch.ones(()))  # the correction is not a no-op here
+    # the correction is not a no-op here: weights exp(0.5 randn) are far from 1, not by rounding
+    assert float((weights[mask.bool()] - 1).abs().max()) > 0.1
 
 
 def test_shapes_are_checked():

@@ -1,4 +1,7 @@
-"""The GRPO-family loss against hand-computed values on tiny tensors (TRL parity: test_trl_parity.py)."""
+"""The GRPO-family loss against hand-computed values on tiny tensors (TRL parity: test_trl_parity.py).
+
+Every tensor here is float64 (the losses keep their inputs' dtype), so each comparison with a
+value worked out by hand is a float64 one."""
 
 import math
 
@@ -8,8 +11,16 @@ import torch
 from rlcode.algorithms.losses import LossTotals, mask_truncated, per_token_logps, policy_loss
 
 # Two completions, the second one token shorter; its padding holds -inf, which must not leak NaN.
-MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-ADVANTAGES = torch.tensor([1.0, -2.0])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+ADVANTAGES = torch.tensor([1.0, -2.0], dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_by_default():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _on_policy_logps():
@@ -72,7 +83,7 @@ def test_micro_batch_losses_add_up_to_the_whole_batch(loss_type, split):
         loss, _ = policy_loss(split_logps[rows], advantages[rows], mask[rows], old[rows], totals=totals, **kwargs)
         loss.backward()
         total_loss, start = total_loss + loss.item(), start + size
-    assert total_loss == pytest.approx(whole.item(), abs=1e-6)
+    assert total_loss == pytest.approx(whole.item(), abs=1e-12)  # float64 sums of 9 terms below 10 in size
     torch.testing.assert_close(split_logps.grad, whole_logps.grad)
 
 
@@ -196,11 +207,16 @@ def test_per_token_logps_matches_naive_log_softmax():
     logits = torch.randn(3, 5, 11, generator=generator, dtype=torch.float64)
     ids = torch.randint(0, 11, (3, 5), generator=generator)
     expected = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(per_token_logps(logits.float(), ids, temperature=0.7), expected.float())
-    # bf16 logits are scored in float32, so only the bf16 rounding of the inputs is lost.
+    torch.testing.assert_close(per_token_logps(logits, ids, temperature=0.7), expected)  # float64 in and out
+    # bf16 logits are scored in float32, so only the bf16 rounding of the inputs is lost: each logit
+    # moves by at most u |x| (bf16: 8 significant bits, u = 2^-8), so z_i and logsumexp(z) each move
+    # by at most u max|x| / T; the float32 arithmetic adds a few 2^-24 of |z_i| + |lse|, far below.
     bf16 = per_token_logps(logits.bfloat16(), ids, temperature=0.7)
     assert bf16.dtype == torch.float32
-    torch.testing.assert_close(bf16, expected.float(), atol=0.05, rtol=0.0)
+    z = logits / 0.7
+    z_size, lse_size = float(z.abs().max()), float(torch.logsumexp(z, -1).abs().max())
+    bound = 2 * 2.0**-8 * z_size + 8 * 2.0**-24 * (z_size + lse_size)
+    torch.testing.assert_close(bf16.double(), expected, atol=bound, rtol=0.0)
 
 
 def test_per_token_logps_gradient_reaches_logits():

@@ -120,7 +120,7 @@ def group_advantages(
     _check(rewards, group_size)
     if scale_rewards not in REWARD_SCALINGS:
         raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {REWARD_SCALINGS}.")
-    rewards = rewards.detach().float()
+    rewards = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))  # float64 stays float64
     grouped = rewards.view(-1, group_size)  # [P, G]
     group_mean = torch.nanmean(grouped, dim=1).repeat_interleave(group_size)  # [P * G]
     advantages = rewards - group_mean

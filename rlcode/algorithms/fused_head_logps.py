@@ -1,7 +1,7 @@
 """Log-probs of sampled tokens through the LM head, a chunk of tokens at a time: no [N, V] logits kept.
 
     z      = softcap(hidden @ W^T + b) / T          (softcap(x) = cap * tanh(x / cap), Gemma 2; else x)
-    logp_i = z_i - logsumexp(z)                     (in float32)
+    logp_i = z_i - logsumexp(z)                     (in float32; float64 for a float64 model)
 
 Forward keeps only the [N] log-probs and log-normalisers. Backward recomputes each chunk's logits and
 turns them into their gradient in place:
@@ -32,7 +32,8 @@ def default_chunk_size(vocab_size: int) -> int:
 
 def fused_head_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor,
                      temperature: float, softcap: float | None = None, chunk_size: int | None = None) -> torch.Tensor:
-    """hidden [N, H], head weight [V, H], bias [V] or None, sampled ids [N] -> [N] float32 log-probs.
+    """hidden [N, H], head weight [V, H], bias [V] or None, sampled ids [N] -> [N] float32 log-probs
+    (float64 when the projection runs in float64, so a float64 model is exact end to end).
 
     Under autocast the projection runs in the autocast dtype, as the model's own ``lm_head`` would.
     """
@@ -50,10 +51,16 @@ def fused_head_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         return _FusedHeadLogps.apply(hidden, weight, bias, ids, temperature, softcap, chunk, dtype)
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half precision and float32, float64 for float64: never below float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
                    softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One chunk: hidden [n, H] -> (z [n, V] float32, tanh(x / cap) [n, V] or None)."""
-    logits = F.linear(hidden, weight, bias).float()  # [n, V]; a fresh tensor, so in place is safe below
+    """One chunk: hidden [n, H] -> (z [n, V] float32 or float64, tanh(x / cap) [n, V] or None)."""
+    logits = F.linear(hidden, weight, bias)  # [n, V]; a fresh tensor, so in place is safe below
+    logits = logits.to(_accumulation_dtype(logits.dtype))
     squashed = None
     if softcap is not None:
         squashed = torch.tanh(logits / softcap)
@@ -66,7 +73,7 @@ class _FusedHeadLogps(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, ids, temperature, softcap, chunk, dtype):
         head_weight = weight.to(dtype)  # cast once, not per chunk (a no-op without autocast)
         head_bias = None if bias is None else bias.to(dtype)
-        picked = hidden.new_empty(ids.shape, dtype=torch.float32)  # [N]
+        picked = hidden.new_empty(ids.shape, dtype=_accumulation_dtype(dtype))  # [N]
         log_norm = torch.empty_like(picked)  # [N] logsumexp(z), reused by backward
         for start in range(0, ids.size(0), chunk):
             part = slice(start, start + chunk)
@@ -81,13 +88,15 @@ class _FusedHeadLogps(torch.autograd.Function):
     def backward(ctx, grad_logps):
         hidden, weight, bias, ids, log_norm = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        dtype, grad_logps = ctx.dtype, grad_logps.float()  # [N]
+        dtype = ctx.dtype
+        accumulate = _accumulation_dtype(dtype)
+        grad_logps = grad_logps.to(accumulate)  # [N]
         head_weight = weight.to(dtype)
         head_bias = None if bias is None else bias.to(dtype)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None  # [N, H]
         # float32 sums over chunks: rounding each chunk's share to bf16 first would bias the update
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_bias else None
+        grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.size(0), dtype=accumulate, device=weight.device) if need_bias else None
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, ids.size(0), ctx.chunk):
                 part = slice(start, start + ctx.chunk)
@@ -103,7 +112,7 @@ class _FusedHeadLogps(torch.autograd.Function):
                 if need_hidden:
                     grad_hidden[part] = (grad_x.to(dtype) @ head_weight).to(hidden.dtype)
                 if need_weight:
-                    grad_weight.addmm_(grad_x.t(), chunk_hidden.float())
+                    grad_weight.addmm_(grad_x.t(), chunk_hidden.to(accumulate))
                 if need_bias:
                     grad_bias.add_(grad_x.sum(0))
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)

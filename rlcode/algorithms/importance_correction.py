@@ -36,7 +36,7 @@ def truncated_importance_weights(trainer_logps: Tensor, sampler_logps: Tensor, m
     trainer_logps: [B, T] the policy's log-probs of the sampled tokens at sampling time (no grad).
     sampler_logps: [B, T] the sampler's log-probs of the same tokens (NaN: unknown).
     mask: [B, T] 1 on completion tokens; padding gets weight 1 (it is masked out of the loss anyway).
-    Returns [B, T] float32, detached.
+    Returns [B, T] float32 (float64 for float64 log-probs), detached.
     """
     import torch
 
@@ -45,7 +45,8 @@ def truncated_importance_weights(trainer_logps: Tensor, sampler_logps: Tensor, m
                          f"and mask {tuple(mask.shape)} must all be [B, T].")
     if cap < 1:
         raise ValueError(f"cap={cap} is below 1, which would down-weight every token: use e.g. TRL's 3.0.")
-    difference = trainer_logps.detach().float() - sampler_logps.to(trainer_logps.device).float()  # [B, T]
+    dtype = torch.promote_types(trainer_logps.dtype, torch.float32)
+    difference = trainer_logps.detach().to(dtype) - sampler_logps.to(trainer_logps.device, dtype)  # [B, T]
     # where(), not *mask: padding may hold -inf or NaN; nan_to_num: NaN -> 0 (ratio 1), -inf -> very negative
     difference = torch.nan_to_num(torch.where(mask.bool(), difference, 0.0), nan=0.0)
     return torch.exp(difference).clamp(max=cap)  # [B, T]

@@ -107,8 +107,8 @@ def per_token_logps(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
     """log softmax(logits / temperature)[ids], one row at a time.
 
     logits: [B, T, V] (position t predicts ids[:, t]: shift before calling), ids: [B, T] -> [B, T]
-    float32. Dividing by the sampling temperature scores tokens under the distribution they were
-    drawn from, as TRL does.
+    float32 (float64 for float64 logits). Dividing by the sampling temperature scores tokens under
+    the distribution they were drawn from, as TRL does.
 
     Memory: looping over rows bounds the float32 temporaries at [T, V] only without grad. With grad,
     ``logsumexp`` saves each row's scaled float32 copy for backward, so B x [T, V] float32 stays
@@ -127,7 +127,7 @@ def per_token_logps(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
         )
     rows = []
     for row_logits, row_ids in zip(logits, ids):
-        scaled = row_logits.float() / temperature  # [T, V]
+        scaled = row_logits.to(torch.promote_types(row_logits.dtype, torch.float32)) / temperature  # [T, V]
         picked = scaled.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1)  # [T]
         rows.append(picked - torch.logsumexp(scaled, dim=-1))  # log_softmax(x)_i = x_i - logsumexp(x)
     return torch.stack(rows)

@@ -41,7 +41,8 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
     optimizer = module.optimizers()
     contributes = len(rows) > 0
     micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=module.device)]
-    old_logps = torch.zeros_like(loss_mask, dtype=torch.float32) if hp.num_iterations > 1 else None
+    logps_dtype = torch.promote_types(next(module.policy.parameters()).dtype, torch.float32)  # completion_logps'
+    old_logps = torch.zeros_like(loss_mask, dtype=logps_dtype) if hp.num_iterations > 1 else None
     # A sampler that is not the policy (vLLM): TRL's truncated importance weights of each token, from
     # the first pass's log-probs (the policy at sampling time) against the sampler's.
     cap = getattr(module.backend, "importance_sampling_cap", None)

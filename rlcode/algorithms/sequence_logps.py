@@ -51,7 +51,8 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                      completion_mask: Tensor, temperature: float, *, chunk_size: int | None = None,
                      share_prefix: bool = False) -> Tensor:
-    """[B, P] left-padded prompts + [B, C] right-padded completions -> [B, C] float32 log-probs.
+    """[B, P] left-padded prompts + [B, C] right-padded completions -> [B, C] float32 log-probs (float64
+    for a float64 model).
 
     0 where ``completion_mask`` is 0 (as TRL). Gradients flow when called with grad enabled; wrap in
     ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
