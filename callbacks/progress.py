@@ -5,11 +5,19 @@ length, so a max_steps run read "Epoch 0" with a batch count and no total. Here 
 optimizer steps out of ``max_steps`` (a resumed run starts at its step), followed by the step's mean
 reward, the share of completions that pass (the first reward's success count) and tokens/s, which
 ``GRPOMetrics`` logs to the bar.
+
+Only in a terminal: written to a file or a pipe, a bar is its redraws joined by ``\r`` with padding,
+and each step already prints a plain line of its own (``callbacks/metrics.py``), so there the bars
+(this one and Lightning's validate/test bars) stay off.
 """
 
 from __future__ import annotations
 
+import sys
+
 from lightning.pytorch.callbacks import TQDMProgressBar
+
+from rlcode.quiet_output import interactive
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -20,6 +28,8 @@ class StepProgressBar(TQDMProgressBar):
             refresh_rate: redraw every N steps (a step takes seconds to minutes: every one).
         """
         super().__init__(refresh_rate=refresh_rate)
+        if not interactive(sys.stdout):  # the bars write to stdout
+            self.disable()
 
     def on_train_epoch_start(self, trainer, *_) -> None:
         bar = self.train_progress_bar

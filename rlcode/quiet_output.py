@@ -1,0 +1,59 @@
+"""A run's output says what the run does: no library warnings a user cannot act on, and plain lines
+in a log file.
+
+Each filter names one message exactly and says why it is noise for rlcode. The model-cache warning
+of transformers 5 (``past_key_values`` is deprecated) is fixed where rlcode calls the model
+(``rlcode.models.cache_name``), not filtered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+# (message regex, why it says nothing a user can act on)
+NOISE = (
+    (r".*isinstance\(treespec, LeafSpec\)", "a deprecation inside Lightning's own pytree helper"),
+    (r"Checkpoint directory .* exists and is not empty",
+     "a resumed run writes into its own run directory, whose checkpoints/ holds the run's earlier "
+     "checkpoints by design; a new run always gets a new version_N directory"),
+    (r"The dirpath has changed from",
+     "a run started from another run's checkpoint (or `rlcode validate --ckpt_path`) writes into its "
+     "own directory; what is not reloaded is the old directory's best-k list, which rlcode does not use "
+     "(checkpoints are kept by step)"),
+)
+
+
+def quiet_library_noise() -> None:
+    """Filter the messages of NOISE, Lightning's litlogger advert, and (in a log file, not a terminal)
+    the progress bars of model loading, which would write ``\\r``-joined redraws into it."""
+    for pattern, _why in NOISE:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(lambda record: "litlogger" not in record.getMessage())
+    if not interactive(sys.stderr):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # downloads; read when huggingface_hub loads
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as transformers_logging
+
+        disable_progress_bars()
+        transformers_logging.disable_progress_bar()  # "Loading weights" of transformers 5
+
+
+def interactive(stream) -> bool:
+    """Whether ``stream`` is a terminal (a progress bar redraws in place) rather than a file or a pipe."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
+
+
+def without_wandb_anonymous(logger):
+    """Lightning's WandbLogger always passes ``anonymous`` (None by default) to ``wandb.init``, and
+    wandb >= 0.19 warns on every run that the setting has no effect: drop the key Lightning set."""
+    init = getattr(logger, "_wandb_init", None)
+    if isinstance(init, dict) and init.get("anonymous") is None:
+        init.pop("anonymous", None)
+    return logger
