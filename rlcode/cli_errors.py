@@ -147,7 +147,8 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
 
     _, missing = _find(lines, r"Parser key \"config\": File does not exist: '([^']+)'")
     if missing:
-        return _missing_config(Path(missing.group(1)))
+        given = Path(missing.group(1))  # jsonargparse makes it absolute: say it as the user wrote it
+        return _missing_config(next((p for p in config_files(argv) if p.absolute() == given), given))
     if re.search(r"Problems parsing config", message):
         return _yaml_syntax(argv, message)
     _, choice = _find(lines, r"invalid choice: '([^']*)'")
@@ -181,9 +182,10 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
 
 def _missing_config(path: Path) -> UserError:
     folder = path.parent if path.parent.is_dir() else Path("configs")
-    names = sorted(str(p) for p in folder.glob("*.y*ml")) if folder.is_dir() else []
-    hint = did_you_mean(str(path), names) or (f"Configs in {folder}/: {', '.join(Path(n).name for n in names)}. "
-                                              if names else "")
+    names = sorted(p.name for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    hint = (f"did you mean {folder / close[0]}? " if close
+            else f"Configs in {folder}/: {', '.join(names)}. " if names else "")
     return UserError(f"config file {path} does not exist\n  {hint}Give the path of a YAML file to --config")
 
 

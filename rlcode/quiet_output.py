@@ -27,12 +27,16 @@ NOISE = (
 
 
 def quiet_library_noise() -> None:
-    """Filter the messages of NOISE, Lightning's litlogger advert, and (in a log file, not a terminal)
+    """Filter the messages of NOISE, Lightning's litlogger advert and seed line, and (in a log file, not a terminal)
     the progress bars of model loading, which would write ``\\r``-joined redraws into it."""
     for pattern, _why in NOISE:
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(lambda record: "litlogger" not in record.getMessage())
+    # "Seed set to 0" on stderr before every command: the seed is in the run's config.yaml
+    # (seed_everything, the drawn value when it is true), and the line made a 2-line error 3 lines.
+    logging.getLogger("lightning.fabric.utilities.seed").addFilter(
+        lambda record: not record.getMessage().startswith("Seed set to"))
     if not interactive(sys.stderr):
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # downloads; read when huggingface_hub loads
         from huggingface_hub.utils import disable_progress_bars
