@@ -94,7 +94,8 @@ class RLCodeCLI(LightningCLI):
         # Parse errors are raised, not printed with the whole usage: parse_arguments shortens them.
         return super().init_parser(**{"exit_on_error": False, "formatter_class": cli_help.HelpFormatter, **kwargs})
 
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
+                     subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         self.parser.description, self.parser.epilog = cli_help.DESCRIPTION, cli_help.EPILOG
         cli_help.describe_subcommands(self.parser)

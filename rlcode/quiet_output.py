@@ -23,6 +23,9 @@ NOISE = (
      "a run started from another run's checkpoint (or `rlcode validate --ckpt_path`) writes into its "
      "own directory; what is not reloaded is the old directory's best-k list, which rlcode does not use "
      "(checkpoints are kept by step)"),
+    (r"`(is_gradient_checkpointing|gradient_checkpointing_enable)` is deprecated",
+     "peft calls transformers' old gradient-checkpointing names when it wraps a model in LoRA; rlcode "
+     "itself calls the new ones (rlcode.models.loading)"),
 )
 
 
