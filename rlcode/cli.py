@@ -49,15 +49,17 @@ from rlcode.algorithms.spiral import SPIRAL  # noqa: E402, F401
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
+from rlcode.errors import SettingError  # noqa: E402
 from rlcode.quiet_output import quiet_library_noise, without_wandb_anonymous  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
-# Missing data, model, sandbox layer or served model: the user's set-up, not a bug, so one line
-# instead of a traceback.
-_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, IsolationUnavailable, ServedModelError)
+# Missing data, model, sandbox layer or served model, or a setting found wrong when the run starts:
+# the user's set-up, not a bug, so one line instead of a traceback.
+_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, IsolationUnavailable, ServedModelError,
+                 SettingError)
 
 WandbMode = Literal["online", "offline", "disabled"]
 _said_offline: set[str] = set()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from rlcode.algorithms.reward_factory import check_reward_names
 from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODEL_CLASSES
 
 DEBUG_ENV = "RLCODE_DEBUG"
@@ -327,12 +328,15 @@ def _is_reason(text: str) -> bool:
 
 
 def check_before_building(config) -> None:
-    """Settings that would fail only after the trainer started (and printed its lines), checked first."""
+    """Settings that would fail only after the trainer started (and printed its lines), checked first:
+    the checkpoint to start from, the model, the reward names."""
     check_ckpt_path(config.get("ckpt_path"), config["run"])
     model = config.get("model") or {}
     settings = model.get("init_args", model)
     if settings.get("model_name"):
         check_model_name(settings["model_name"], settings.get("rollout_backend"))
+    if settings.get("rewards"):
+        check_reward_names(settings["rewards"])
 
 
 def check_ckpt_path(ckpt_path: str | None, run) -> None:

@@ -73,6 +73,9 @@ CASES = {
     "unknown_model": (
         ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.model_name", "smollm2-135m-instruktion"],
         ["model.model_name 'smollm2-135m-instruktion'", "did you mean smollm2-135m-instruct?"]),
+    "unknown_reward": (
+        ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.rewards", "[executoin]"],
+        ["unknown reward 'executoin' in model.rewards", "did you mean 'execution'?"]),
     "unknown_command": (["fitt", *TINY], ["unknown command 'fitt'", "did you mean fit?"]),
     "predict_is_gone": (["predict", *TINY], ["unknown command 'predict'", "fit, validate, test, export"]),
 }
