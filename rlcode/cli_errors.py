@@ -165,7 +165,7 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     index, option = _find(lines, r"Option '([^']+)' is not accepted")
     if option:
         keys, cls = _context(lines, index)
-        return _unknown_option([*keys, option.group(1)], cls, argv)
+        return _unknown_option([*keys, option.group(1)], cls, argv, command or "fit")
     index, expected = _find(lines, r"Expected an? (.+?)(?:\. Got value: (.*))?$")
     if expected and "Expected a <class 'NoneType'>" not in expected.group(0):
         return _wrong_value(lines, index, argv, help_hint)
@@ -177,15 +177,27 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     if yaml_key:
         key = yaml_key.group(1)
         return _unknown_key(key, locate(key.split("."), argv) or "in a config", parser, help_hint, flag=False)
-    first = lines[0].text if lines else message
-    return UserError(f"{first}\n  Run {help_hint} for the accepted settings; {_DEBUG_HINT}")
+    return _fallback(lines, message, help_hint)
+
+
+def _fallback(lines: list[_Line], message: str, help_hint: str) -> UserError:
+    """A message of a kind not handled above: its most specific line, under the key it is about."""
+    index = next((i for i, line in enumerate(lines) if _is_reason(line.text)
+                  and not line.text.startswith(("Parser key", "Problem with given class_path"))), None)
+    if index is None:
+        reason = lines[0].text if lines else message.strip()
+    else:
+        keys, _ = _context(lines, index)
+        reason = f"{'.'.join(keys)}: {lines[index].text}" if keys else lines[index].text
+    return UserError(f"{reason}\n  Run {help_hint} for the accepted settings; {_DEBUG_HINT}")
 
 
 def _missing_config(path: Path) -> UserError:
     folder = path.parent if path.parent.is_dir() else Path("configs")
     names = sorted(p.name for p in folder.glob("*.y*ml")) if folder.is_dir() else []
-    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
-    hint = (f"did you mean {folder / close[0]}? " if close
+    stems = {Path(name).stem: name for name in names}  # compared without the shared ".yaml"
+    close = difflib.get_close_matches(path.stem, list(stems), n=1, cutoff=0.6)
+    hint = (f"did you mean {folder / stems[close[0]]}? " if close
             else f"Configs in {folder}/: {', '.join(names)}. " if names else "")
     return UserError(f"config file {path} does not exist\n  {hint}Give the path of a YAML file to --config")
 
@@ -211,6 +223,11 @@ def _context_of(error) -> str:
 
 
 def _unknown_class(keys: list[str], given: str, argv: list[str]) -> UserError:
+    if len(keys) > 1 or given.startswith("{"):  # e.g. --model.lora '{r:4}': YAML needs a space after ':'
+        dotted = ".".join(keys)
+        return UserError(f"{dotted} cannot be {given!r} ({locate(keys, argv) or 'in a config'})\n"
+                         f"  Give its settings as YAML with a space after each colon, --{dotted} '{{NAME: VALUE}}', "
+                         f"or one at a time, --{dotted}.NAME VALUE")
     group = keys[0] if keys else "model"
     known = DATA_CLASSES if group == "data" else MODEL_CLASSES
     short = {path.rsplit(".", 1)[1]: path for path in known}
@@ -220,13 +237,14 @@ def _unknown_class(keys: list[str], given: str, argv: list[str]) -> UserError:
                      f"  {suggestion}The {group} classes: {', '.join(known)}")
 
 
-def _unknown_option(keys: list[str], class_path: str | None, argv: list[str]) -> UserError:
+def _unknown_option(keys: list[str], class_path: str | None, argv: list[str], command: str) -> UserError:
     dotted = ".".join(keys)
     names = _init_parameters(class_path)
     owner = class_path.rsplit(".", 1)[-1] if class_path else keys[0]
     suggestion = did_you_mean(keys[-1], names, prefix=f"did you mean {'.'.join(keys[:-1])}.") if names else ""
     where = locate(keys, argv)
-    listing = f"rlcode fit --{keys[0]}.help {class_path}" if len(keys) == 2 and class_path else "rlcode fit --help"
+    listing = (f"rlcode {command} --{keys[0]}.help {class_path}" if len(keys) == 2 and class_path
+               else f"rlcode {command} --help")
     return UserError(f"{dotted} is not a setting of {owner} ({where or 'in a config'})\n"
                      f"  {suggestion}Its settings: {listing}")
 

@@ -39,6 +39,12 @@ CASES = {
     "nested_key_typo": (
         ["fit", *TINY, "--model.lora", "{rr: 4}"],
         ["model.lora.rr is not a setting of LoraSettings", "did you mean model.lora.r?"]),
+    "data_key_typo": (
+        ["fit", *TINY, "--data.prompts_per_stp", "3"],
+        ["data.prompts_per_stp is not a setting of MBPPDataModule", "did you mean data.prompts_per_step?"]),
+    "settings_without_a_space_after_the_colon": (
+        ["fit", *TINY, "--model.lora", "{r:4}"],
+        ["model.lora cannot be '{r:4}'", "a space after each colon", "--model.lora.NAME VALUE"]),
     "wrong_type": (
         ["fit", *TINY, "--model.num_generations", "two"],
         ["model.num_generations cannot be 'two'", "on the command line", "an integer"]),
