@@ -21,6 +21,7 @@ import yaml
 
 from rlcode.algorithms.reward_factory import check_reward_names
 from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODEL_CLASSES
+from rlcode.models.aliases import MODEL_ALIASES
 
 DEBUG_ENV = "RLCODE_DEBUG"
 _DEBUG_HINT = "--debug shows the full message"
@@ -333,8 +334,9 @@ def explain_init_error(error: Exception, argv: list[str]) -> UserError:
     key = re.match(r"(?:model\.|data\.)?(\w+)=", reason)
     group = "data" if cls and cls.group(1) in DATA_CLASSES else "model"
     where = locate([group, key.group(1)], argv) if key else ""
-    owner = f"{group}: {cls.group(1)}" if cls else group
-    return UserError(f"{reason}\n  ({owner}{'; ' + where if where else ''})")
+    context = [f"{group}: {cls.group(1)}"] if cls else []
+    context += [where] if where else []
+    return UserError(f"{reason}\n  ({'; '.join(context)})" if context else reason)
 
 
 def _is_reason(text: str) -> bool:
@@ -359,7 +361,8 @@ def check_before_building(config) -> None:
 
 def check_ckpt_path(ckpt_path: str | None, run) -> None:
     """A ``--ckpt_path`` file that does not exist, said before the trainer starts (not a Lightning traceback)."""
-    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry") or "://" in str(ckpt_path):
+    special = str(ckpt_path) in ("best", "last", "hpc") or str(ckpt_path).startswith("registry")
+    if not ckpt_path or special or "://" in str(ckpt_path):  # Lightning's keywords, remote files
         return
     path = Path(ckpt_path)
     if path.is_file():
@@ -374,8 +377,6 @@ def check_ckpt_path(ckpt_path: str | None, run) -> None:
 def check_model_name(name: str, backend: str | None) -> None:
     """A model that can only fail to load, said before the trainer starts: not a short name, not a folder,
     not in the Hugging Face cache, and the Hub offline. (Online, transformers decides.)"""
-    from rlcode.models.aliases import MODEL_ALIASES
-
     if backend == "openai" or name in MODEL_ALIASES or Path(name).is_dir():
         return
     if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on") or _cached(name):
