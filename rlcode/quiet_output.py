@@ -40,6 +40,10 @@ def quiet_library_noise() -> None:
     # (seed_everything, the drawn value when it is true), and the line made a 2-line error 3 lines.
     logging.getLogger("lightning.fabric.utilities.seed").addFilter(
         lambda record: not record.getMessage().startswith("Seed set to"))
+    # Printed when peft loads bitsandbytes on a CPU with AVX512-BF16 (every LoRA run there): an optional
+    # kernel from the Hub for 4-bit matmuls is missing, and bitsandbytes' own kernel runs instead.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+        lambda record: "Failed to load CPU gemm_4bit_forward" not in record.getMessage())
     if not interactive(sys.stderr):
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # downloads; read when huggingface_hub loads
         from huggingface_hub.utils import disable_progress_bars

@@ -14,7 +14,8 @@ from rlcode.models.cache_name import cache_argument, output_cache
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
 NOISE = ("past_key_values", "cache_params", "FutureWarning", "Checkpoint directory", "weights_only",
-         "dirpath has changed", "anonymous", "Seed set to", "Loading weights")
+         "dirpath has changed", "anonymous", "Seed set to", "Loading weights", "gradient_checkpointing",
+         "gemm_4bit_forward")
 
 
 def _fit(log: Path, *args: str) -> None:
@@ -27,13 +28,15 @@ def _fit(log: Path, *args: str) -> None:
 def test_a_logged_run_has_plain_lines_and_no_library_noise(tmp_path):
     log, root = tmp_path / "run.log", ["--run.root_dir", str(tmp_path / "runs")]
     # a first run with its progress bar asked for and W&B offline; its resume (into a checkpoint
-    # directory that is not empty); a new run started from the first run's checkpoint (another dirpath)
+    # directory that is not empty); a new run started from the first run's checkpoint (another dirpath);
+    # a LoRA run (peft and bitsandbytes load)
     _fit(log, *root, "--trainer.enable_progress_bar", "true", "--run.wandb", "offline")
     _fit(log, *root, "--trainer.max_steps", "3", "--ckpt_path", "last")
     first = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
     _fit(log, *root, "--trainer.max_steps", "4", "--run.experiment", "other", "--ckpt_path", str(first))
+    _fit(log, *root, "--trainer.max_steps", "1", "--run.experiment", "lora", "--model.lora.r", "4")
     text = log.read_text()
-    assert text.count("rlcode fit finished") == 3, text  # the three runs did run
+    assert text.count("rlcode fit finished") == 4, text  # every run did run
     assert "Step 2: reward=" in text and "Step 3: reward=" in text, text
     assert "\r" not in text
     for noise in NOISE:
