@@ -50,9 +50,9 @@ from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
-from rlcode.quiet_output import quiet_library_noise, without_wandb_anonymous  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
+from rlcode.quiet_output import quiet_library_noise, without_wandb_anonymous  # noqa: E402
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -89,7 +89,7 @@ class RunSettings:
 class RLCodeCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        # No `predict`: a GRPO module has no predict_step (sampling is `rollout`, scoring is validate/test).
+        # No `predict`: the modes have no predict_step. `validate`/`test` score a model, `rlcode-eval` samples.
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -132,7 +132,7 @@ class RLCodeCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
-        cli_errors.check_before_building(config)  # a missing checkpoint or model: before the trainer starts
+        cli_errors.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
         if config["run"].get("cpu_threads"):
             import torch
 
