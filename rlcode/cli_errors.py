@@ -160,6 +160,10 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     if 'expected "subcommand"' in message:
         return UserError(f"no command given\n  Commands: {', '.join(COMMANDS)}; e.g. rlcode fit --config "
                          "configs/quickstart.yaml (rlcode --help)")
+    _, help_of = _find(lines, r"^--(\w+)\.help: (?:module '([\w.]+)' has no attribute '(\w+)'|.*: (\S+)$)")
+    if help_of:  # rlcode fit --model.help SPIRALL
+        group, module, name, given = help_of.groups()
+        return _unknown_class([group], given or f"{module}.{name}", argv, where=f"in --{group}.help")
     index, path = _find(lines, r"Expected a path but (\S+) either not accessible or invalid")
     if path:
         return _unknown_class(_context(lines, index)[0], path.group(1), argv)
@@ -168,7 +172,7 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
         keys, cls = _context(lines, index)
         return _unknown_option([*keys, option.group(1)], cls, argv, command or "fit")
     index, expected = _find(lines, r"Expected an? (.+?)(?:\. Got value: (.*))?$")
-    if expected and "Expected a <class 'NoneType'>" not in expected.group(0):
+    if expected and "Expected a <class 'NoneType'>" not in expected.group(0) and _context(lines, index)[0]:
         return _wrong_value(lines, index, argv, help_hint)
     _, unknown = _find(lines, r"unrecognized arguments: (\S+)")
     if unknown:
@@ -223,7 +227,7 @@ def _context_of(error) -> str:
     return f" ({error.context} started at line {mark.line + 1})" if error.context and mark else ""
 
 
-def _unknown_class(keys: list[str], given: str, argv: list[str]) -> UserError:
+def _unknown_class(keys: list[str], given: str, argv: list[str], where: str = "") -> UserError:
     if len(keys) > 1 or given.startswith("{"):  # e.g. --model.lora '{r:4}': YAML needs a space after ':'
         dotted = ".".join(keys)
         return UserError(f"{dotted} cannot be {given!r} ({locate(keys, argv) or 'in a config'})\n"
@@ -233,7 +237,7 @@ def _unknown_class(keys: list[str], given: str, argv: list[str]) -> UserError:
     known = DATA_CLASSES if group == "data" else MODEL_CLASSES
     short = {path.rsplit(".", 1)[1]: path for path in known}
     suggestion = did_you_mean(given, known) or did_you_mean(given, short)
-    where = locate([group], argv) or locate([group, "class_path"], argv)
+    where = where or locate([group], argv) or locate([group, "class_path"], argv)
     return UserError(f"unknown {group} class {given!r} ({where or 'class_path'})\n"
                      f"  {suggestion}The {group} classes: {', '.join(known)}")
 

@@ -61,6 +61,9 @@ CASES = {
         ["fit", *TINY, "--model", "rlcode.algorithms.spiral.SPIRALL"],
         ["unknown model class 'rlcode.algorithms.spiral.SPIRALL'", "did you mean rlcode.algorithms.spiral.SPIRAL?",
          "rlcode.algorithms.code_game.CodeGame"]),
+    "unknown_class_in_help": (
+        ["fit", "--model.help", "SPIRALL"],
+        ["unknown model class 'SPIRALL' (in --model.help)", "did you mean SPIRAL?"]),
     "unknown_data_class": (
         ["fit", *TINY, "--data", "GameDataModul"],
         ["unknown data class 'GameDataModul'", "did you mean GameDataModule?"]),
