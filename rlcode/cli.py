@@ -52,7 +52,8 @@ from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
-from rlcode.quiet_output import quiet_library_noise, without_wandb_anonymous  # noqa: E402
+from rlcode.quiet_output import (load_checkpoints_weights_only, quiet_library_noise,  # noqa: E402
+                                 without_wandb_anonymous)
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -133,6 +134,7 @@ class RLCodeCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
         cli_errors.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
+        load_checkpoints_weights_only(config)
         if config["run"].get("cpu_threads"):
             import torch
 

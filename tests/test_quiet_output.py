@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlcode.models.cache_name import cache_argument, output_cache
 
@@ -39,6 +40,8 @@ def test_a_logged_run_has_plain_lines_and_no_library_noise(tmp_path):
     assert text.count("rlcode fit finished") == 4, text  # every run did run
     assert "Step 2: reward=" in text and "Step 3: reward=" in text, text
     assert "\r" not in text
+    config = yaml.safe_load((tmp_path / "runs/tiny/version_0/config.yaml").read_text())
+    assert config["weights_only"] is True  # torch's safe unpickler, said explicitly (no warning on any torch)
     for noise in NOISE:
         assert noise not in text, (noise, [line for line in text.splitlines() if noise in line])
 
