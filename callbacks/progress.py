@@ -6,11 +6,19 @@ optimizer steps out of ``max_steps`` (a resumed run starts at its step), followe
 reward, per reward the share of completions it counts as a success (``ran``: the program ran without
 an error, execution reward; ``passed``: every MBPP test passed, MBPP test rewards) and tokens/s, which
 ``GRPOMetrics`` logs to the bar, and after an MBPP eval its greedy pass rate (``eval_pass_rate``).
+
+Only in a terminal: written to a file or a pipe, a bar is its redraws joined by ``\r`` with padding,
+and each step already prints a plain line of its own (``callbacks/metrics.py``), so there the bars
+(this one and Lightning's validate/test bars) stay off.
 """
 
 from __future__ import annotations
 
+import sys
+
 from lightning.pytorch.callbacks import TQDMProgressBar
+
+from rlcode.quiet_output import interactive
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -21,6 +29,8 @@ class StepProgressBar(TQDMProgressBar):
             refresh_rate: redraw every N steps (a step takes seconds to minutes: every one).
         """
         super().__init__(refresh_rate=refresh_rate)
+        if not interactive(sys.stdout):  # the bars write to stdout
+            self.disable()
 
     def on_train_epoch_start(self, trainer, *_) -> None:
         bar = self.train_progress_bar

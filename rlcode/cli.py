@@ -35,21 +35,34 @@ from typing import Any, Literal
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import lightning as L  # noqa: E402
+from jsonargparse import ArgumentError  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
                        StepCheckpoint, StepProgressBar, TrainingPlots)  # noqa: E402
+from rlcode import cli_errors, cli_help  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
+# Imported so that jsonargparse knows them: `--model SPIRAL` works and `rlcode fit --help` lists them.
+from rlcode.algorithms.code_game import CodeGame  # noqa: E402, F401
+from rlcode.algorithms.multistep import MultiStepMBPP  # noqa: E402, F401
+from rlcode.algorithms.spiral import SPIRAL  # noqa: E402, F401
+from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
+from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
+from rlcode.errors import SettingError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.platform_profile import with_profile  # noqa: E402
 from rlcode.run_files import discard_unstarted  # noqa: E402
+from rlcode.models.loading import ModelNotFound  # noqa: E402
+from rlcode.quiet_output import (load_checkpoints_weights_only, quiet_library_noise,  # noqa: E402
+                                 without_wandb_anonymous)
 from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
-# Missing data, model, sandbox layer or served model: the user's set-up, not a bug, so one line
-# instead of a traceback.
-_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, IsolationUnavailable, ServedModelError)
+# Missing data, model, sandbox layer or served model, or a setting found wrong when the run starts:
+# the user's set-up, not a bug, so one line instead of a traceback.
+_SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, IsolationUnavailable, ServedModelError,
+                 SettingError)
 
 WandbMode = Literal["online", "offline", "disabled"]
 _said_offline: set[str] = set()
@@ -89,6 +102,26 @@ class RLCodeCLI(LightningCLI):
             _finish_wandb()
             discard_unstarted(self.trainer.loggers)
             raise
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # No `predict`: the modes have no predict_step. `validate`/`test` score a model, `rlcode-eval` samples.
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        # Parse errors are raised, not printed with the whole usage: parse_arguments shortens them.
+        return super().init_parser(**{"exit_on_error": False, "formatter_class": cli_help.HelpFormatter, **kwargs})
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
+                     subparser_kwargs: dict[str, Any]) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        self.parser.description, self.parser.epilog = cli_help.DESCRIPTION, cli_help.EPILOG
+        cli_help.describe_subcommands(self.parser)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:  # a class's own check of its settings (e.g. num_generations=1)
+            raise cli_errors.explain_init_error(error, self.arguments) from error
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
@@ -102,19 +135,26 @@ class RLCodeCLI(LightningCLI):
         parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
         # One precision knob: the trainer's decides the dtype the model's weights load in.
         parser.link_arguments("trainer.precision", "model.init_args.precision", compute_fn=_weight_precision)
+        cli_help.retitle_groups(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        self.arguments = sys.argv[1:] if args is None else args  # the summary's resume command repeats them
-        # Before parsing, so that --print_config shows the GPU profile's values.
-        argv, self._platform_profile = with_profile(parser, args)
-        if argv is args:
-            super().parse_arguments(parser, args)
-        else:
-            self.config = parser.parse_args(argv)
+        # The user's own arguments: errors point into them and the summary's resume command repeats them.
+        self.arguments = sys.argv[1:] if args is None else list(args)
+        try:
+            # Before parsing, so that --print_config shows the GPU profile's values.
+            argv, self._platform_profile = with_profile(parser, args)
+            if argv is args:
+                super().parse_arguments(parser, args)
+            else:
+                self.config = parser.parse_args(argv)
+        except ArgumentError as error:
+            raise cli_errors.explain_parse_error(str(error), self.arguments, self._subcommand_parsers) from error
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
+        cli_errors.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
+        load_checkpoints_weights_only(config)
         if config["run"].get("cpu_threads"):
             import torch
 
@@ -254,9 +294,9 @@ def _loggers(run: RunSettings, version: int | None, resume_step: int | None = No
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
 
-        loggers.append(WandbLogger(project=run.wandb_project, group=run.experiment, save_dir=csv.log_dir,
-                                   mode=mode, id=run_id, resume="allow",
-                                   name=f"{run.experiment}/{Path(csv.log_dir).name}"))
+        loggers.append(without_wandb_anonymous(WandbLogger(
+            project=run.wandb_project, group=run.experiment, save_dir=csv.log_dir, mode=mode, id=run_id,
+            resume="allow", name=f"{run.experiment}/{Path(csv.log_dir).name}")))
     return loggers, run_id
 
 
@@ -320,25 +360,18 @@ def _say_once(key: str, message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def _quiet_library_noise() -> None:
-    """Drop two messages every run printed that say nothing about the run: an advert, and a
-    deprecation inside Lightning's own pytree helper."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(lambda record: "litlogger" not in record.getMessage())
-
-
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``rlcode`` console script."""
     from dotenv import load_dotenv
 
-    _quiet_library_noise()
+    quiet_library_noise()
 
     load_dotenv(dotenv_path=Path.cwd() / ".env", override=False)  # API keys only; never in configs
-    argv = sys.argv[1:] if args is None else list(args)
+    argv, debug = cli_errors.take_debug_flag(sys.argv[1:] if args is None else list(args))
+    if args is None:
+        sys.argv[1:] = argv  # without --debug (LightningCLI reads sys.argv)
+    else:
+        args = argv
     if argv[:1] == ["export"]:  # not a Lightning subcommand: adapters or merged weights from a checkpoint
         from rlcode.export import main as export_main
 
@@ -357,7 +390,9 @@ def main(args: list[str] | None = None) -> None:
             trainer_defaults={"max_steps": 100, "log_every_n_steps": 1, "num_sanity_val_steps": 0,
                               "enable_model_summary": False},
         )
-    except _SETUP_ERRORS as error:  # their messages name the cause and the fix: no traceback needed
+    except (*_SETUP_ERRORS, cli_errors.UserError) as error:  # messages that name the cause and the fix
+        if debug:
+            raise
         raise SystemExit(f"rlcode: {error}") from None
     finally:
         _finish_wandb()

@@ -9,8 +9,23 @@ possible. The caller closes the pool at teardown.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any, Callable
+
+from rlcode.errors import SettingError
+
+
+def check_reward_names(names: list[str]) -> None:
+    """A SettingError naming the first reward that is neither a registry name nor an import path."""
+    from rlcode.rewards import REWARDS
+
+    unknown = [name for name in names if name not in REWARDS and ":" not in name]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(REWARDS), n=1)
+        raise SettingError(f"unknown reward {unknown[0]!r} in model.rewards: "
+                           + (f"did you mean {close[0]!r}? " if close else "")
+                           + f"Use names from {', '.join(REWARDS)} or an import path 'package.module:function'")
 
 
 def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[float], Any],
@@ -23,10 +38,7 @@ def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[f
     """
     from rlcode.rewards import REWARDS, build_reward
 
-    unknown = [name for name in names if name not in REWARDS and ":" not in name]
-    if unknown:  # before starting any worker process
-        raise ValueError(f"unknown reward {unknown[0]!r} in model.rewards: use names from {', '.join(REWARDS)} "
-                         "or an import path 'package.module:function'")
+    check_reward_names(names)  # before starting any worker process
     imported = {name: _import(name) for name in names if ":" in name}
     pool = None
     if any(name in REWARDS for name in names):

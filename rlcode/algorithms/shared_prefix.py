@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcode.algorithms.prefix_tree import PrefixTree
+from rlcode.models.cache_name import cache_argument, output_cache
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -116,12 +117,12 @@ class _Runner:
         for layer, (keys, values) in enumerate(past or []):
             cache.update(keys, values, layer)
         extra = {} if self.hidden_states or not last_only else {"logits_to_keep": 1}
-        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True, **extra)
+        extra[cache_argument(self.model)] = cache
+        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
         outputs = output.last_hidden_state if self.hidden_states else output.logits
         if last_only:
             outputs = outputs[:, -1:]
-        layers = output.past_key_values.layers
+        layers = output_cache(output).layers
         return outputs, [(layer.keys, layer.values) for layer in layers]
 
 

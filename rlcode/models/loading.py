@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -12,6 +13,11 @@ from rlcode.models.embedded_smollm2 import smollm2_folder
 from rlcode.models.tiny_random import tiny_random_folder, tiny_random_large_vocabulary_folder
 
 log = logging.getLogger(__name__)
+
+
+class ModelNotFound(OSError):
+    """A model name that is neither a short name, a local folder nor a Hub id that loads."""
+
 
 # Lightning precision strings. "-mixed" keeps fp32 master weights (autocast does the rest);
 # "-true" stores the weights in the low-precision dtype.
@@ -145,10 +151,13 @@ def _from_pretrained(auto_class, source: str, requested: str, **kwargs):
         if Path(source).is_dir():
             raise
         _report_offline_once(str(error).splitlines()[0] if str(error) else type(error).__name__)
-        raise OSError(
+        close = difflib.get_close_matches(requested, list(MODEL_ALIASES), n=1, cutoff=0.6)
+        raise ModelNotFound(
             f"Could not load {requested!r}: it is not a local folder and the Hugging Face Hub copy is "
-            f"neither cached nor reachable ({error.__class__.__name__}). Fix: use a short name from "
-            f"{sorted(MODEL_ALIASES)}, a local folder, or run once online to fill the HF cache."
+            f"neither cached nor reachable ({error.__class__.__name__}). Fix: "
+            + (f"did you mean {close[0]!r}? " if close else "")
+            + f"Use a short name from {sorted(MODEL_ALIASES)}, a local folder, or run once online to fill "
+            "the HF cache."
         ) from error
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcode.models.cache_name import cache_argument, output_cache
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.sampling import next_tokens
@@ -174,7 +175,7 @@ class HFGenerateBackend:
             output = self.model(**inputs, logits_to_keep=1)
         except TypeError:  # custom (remote-code) models without the argument
             output = self.model(**inputs)
-        cache = output.past_key_values  # the model builds the cache type its layers need
+        cache = output_cache(output)  # the model builds the cache type its layers need
         if group > 1:
             cache.batch_repeat_interleave(group)
         logits = output.logits[:, -1, :].repeat_interleave(group, dim=0)  # [N, V]
@@ -185,8 +186,8 @@ class HFGenerateBackend:
             input_ids=tokens.unsqueeze(-1),
             attention_mask=attention_mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **{cache_argument(self.model): cache},
         )
         return output.logits[:, -1, :]
 

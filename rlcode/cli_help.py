@@ -1,0 +1,99 @@
+"""What ``rlcode --help`` and ``rlcode fit --help`` say: rlcode's commands and training modes.
+
+LightningCLI's own help describes a generic Lightning trainer ("Lightning Trainer command line
+tool", "Runs the full optimization routine.", LightningDataModule's docstring cut mid-sentence as the
+data section's heading). A training mode is a (model class, data class) pair, which a user picks
+with ``class_path`` in a config: the table below is where the help, the "did you mean" of an unknown
+class (``rlcode.cli_errors``) and the README name them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from jsonargparse import DefaultHelpFormatter
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One training mode: its model class, the data class it needs and a config that runs it."""
+
+    title: str
+    model: str
+    data: str
+    config: str
+
+
+MBPP_DATA = "rlcode.data.datamodule.MBPPDataModule"
+GAME_DATA = "rlcode.data.games.GameDataModule"
+MODES = (
+    Mode("GRPO on MBPP (the default)", "rlcode.algorithms.grpo.GRPO", MBPP_DATA, "configs/quickstart.yaml"),
+    Mode("SPIRAL self-play on text games", "rlcode.algorithms.spiral.SPIRAL", GAME_DATA,
+         "configs/spiral_tictactoe.yaml"),
+    Mode("multi-step MBPP with execution feedback", "rlcode.algorithms.multistep.MultiStepMBPP", MBPP_DATA,
+         "configs/multistep_mbpp.yaml"),
+    Mode("the adversarial code game", "rlcode.algorithms.code_game.CodeGame", MBPP_DATA, "configs/code_game.yaml"),
+)
+MODEL_CLASSES = tuple(mode.model for mode in MODES)
+DATA_CLASSES = (MBPP_DATA, GAME_DATA)
+
+# One line per command; `export` is not a Lightning subcommand (rlcode.cli hands it to rlcode.export).
+COMMANDS = {
+    "fit": "train: rollouts, rewards and policy updates, with MBPP evals, checkpoints and resume",
+    "validate": "score a model or checkpoint (--ckpt_path): MBPP pass rate on data.eval_split, or game win rates",
+    "test": "the same on MBPP's test split (500 problems)",
+    "export": "a checkpoint as a peft adapter folder, or with --merge full weights (rlcode export --help)",
+}
+
+DESCRIPTION = "rlcode: train code-writing language models with reinforcement learning."
+CKPT_PATH_HELP = ("checkpoint to start from: a .ckpt file (inside a run directory: that run goes on there), or "
+                  "'last': the newest last.ckpt of run.experiment under run.root_dir, resumed in its own run "
+                  "directory (none yet: start fresh)")
+
+_mode_lines = "".join(
+    f"  {mode.title}:\n    model: {mode.model}\n"
+    + (f"    data:  {mode.data}\n" if mode.data != MBPP_DATA else "")
+    + f"    e.g.   rlcode fit --config {mode.config}\n"
+    for mode in MODES)
+EPILOG = (
+    "training modes (class_path of model: and data: in a config, or --model / --data):\n" + _mode_lines
+    + "\nSettings of a mode: rlcode fit --model.help SPIRAL. Several --config files overlay left to right;\n"
+    "--print_config shows the merged result. A mistake prints a short message naming the key and the fix;\n"
+    "--debug (or RLCODE_DEBUG=1) shows the full traceback."
+)
+
+MODEL_TITLE = ("Model: the training mode's class and its settings (" + ", ".join(
+    path.rsplit(".", 1)[1] for path in MODEL_CLASSES) + "; rlcode fit --model.help CLASS lists a mode's settings)")
+DATA_TITLE = ("Data: MBPPDataModule (MBPP prompts; the default) or GameDataModule (SPIRAL's games); "
+              "rlcode fit --data.help CLASS lists its settings")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's formatter, keeping the line breaks of the description and the epilog."""
+
+
+def describe_subcommands(parser) -> None:
+    """Replace the Trainer-method docstrings LightningCLI lists the subcommands with by rlcode's lines,
+    list ``export`` with them (help only: ``rlcode.cli`` hands it to ``rlcode.export`` before parsing)
+    and say what ``--ckpt_path last`` means in rlcode."""
+    action = parser._subcommands_action
+    for choice in action._choices_actions:
+        choice.help = COMMANDS.get(choice.dest, choice.help)
+    if "export" not in action.choices:
+        action._choices_actions.append(action._ChoicesPseudoAction("export", (), COMMANDS["export"]))
+        action.metavar = "{" + ",".join(COMMANDS) + "}"
+    for name, subparser in action.choices.items():
+        subparser.description = f"rlcode {name}: {COMMANDS.get(name, '')}"
+        for group in subparser._action_groups:
+            for option in group._group_actions:
+                if option.dest == "ckpt_path":
+                    option.help, group.title = CKPT_PATH_HELP, f"Where {name} starts from"
+
+
+def retitle_groups(parser) -> None:
+    """Headings of the model and data sections of ``rlcode <command> --help``."""
+    groups = getattr(parser, "groups", None) or {}
+    for key, title in (("model", MODEL_TITLE), ("data", DATA_TITLE)):
+        if key in groups:
+            groups[key].title = title

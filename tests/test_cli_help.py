@@ -1,0 +1,63 @@
+"""``rlcode --help`` and ``rlcode fit --help`` describe rlcode: its commands, its four training modes
+with their class paths and a config of each, and headings of its own."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcode.cli import main
+from rlcode.cli_help import COMMANDS, MODES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _help(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--help"])
+    assert stop.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_main_help_lists_the_commands_and_the_training_modes(capsys):
+    text = _help(capsys)
+    assert "rlcode: train code-writing language models" in text and "Lightning Trainer" not in text
+    for command in ("fit", "validate", "test", "export"):
+        assert any(line.split()[:1] == [command] and len(line.split()) > 3 for line in text.splitlines()), command
+    assert "predict" not in text
+    for path in ("rlcode.algorithms.grpo.GRPO", "rlcode.algorithms.spiral.SPIRAL", "rlcode.data.games.GameDataModule",
+                 "rlcode.algorithms.multistep.MultiStepMBPP", "rlcode.algorithms.code_game.CodeGame"):
+        assert path in text, path
+    assert "--debug" in text
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[mode.model.rsplit(".", 1)[1] for mode in MODES])
+def test_each_mode_names_real_classes_and_a_config_that_uses_them(mode):
+    for path in (mode.model, mode.data):
+        module, name = path.rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), name), path
+    config = yaml.safe_load((REPO / mode.config).read_text())
+    model_class = (config.get("model") or {}).get("class_path", "rlcode.algorithms.grpo.GRPO")
+    data_class = (config.get("data") or {}).get("class_path", "rlcode.data.datamodule.MBPPDataModule")
+    assert (model_class, data_class) == (mode.model, mode.data)
+
+
+def test_fit_help_lists_every_mode_class_under_headings_of_its_own(capsys):
+    text = _help(capsys, "fit")
+    for name in ("SPIRAL", "MultiStepMBPP", "CodeGame", "GameDataModule", "MBPPDataModule"):
+        assert f".{name}" in text, name  # as a known subclass: `--model SPIRAL` works
+    assert "A DataModule standardizes" not in text and "Runs the full optimization routine" not in text
+    data_heading = next(line for line in text.splitlines() if line.startswith("Data:"))
+    assert "MBPPDataModule" in data_heading and "GameDataModule" in data_heading
+    assert f"rlcode fit: {COMMANDS['fit']}" in text
+    assert "newest last.ckpt of run.experiment" in text  # what --ckpt_path last means in rlcode
+
+
+def test_a_mode_is_chosen_by_its_short_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--model", "MultiStepMBPP", "--data", "MBPPDataModule", "--print_config"])
+    merged = yaml.safe_load(capsys.readouterr().out)
+    assert merged["model"]["class_path"] == "rlcode.algorithms.multistep.MultiStepMBPP"
