@@ -115,7 +115,8 @@ class RLCodeCLI(LightningCLI):
                      subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         self.parser.description, self.parser.epilog = cli_help.DESCRIPTION, cli_help.EPILOG
-        cli_help.describe_subcommands(self.parser)
+        if add_subcommands:  # RLCodeCLI(run=False), as tests and notebooks build it, has none
+            cli_help.describe_subcommands(self.parser)
 
     def instantiate_classes(self) -> None:
         try:
