@@ -32,11 +32,13 @@ def completion_text(completion) -> str:
 
 
 def _content_text(content) -> str:
-    if isinstance(content, str):
-        return content
     if isinstance(content, (list, tuple)):
-        return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
-    return "" if content is None else str(content)
+        return "".join(_plain_text(part.get("text") if isinstance(part, dict) else part) for part in content)
+    return _plain_text(content)
+
+
+def _plain_text(value) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def fenced_blocks(text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str]]:
