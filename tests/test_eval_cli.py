@@ -158,7 +158,9 @@ def test_every_sample_of_any_shape_gets_one_result_line(tmp_path, dataset):
     odd = [None, 3, 2.5, True, {}, [], {"content": None}, [{"content": [{"text": 5}, None, [1, [2]]]}],
            [{"role": "user", "content": "x"}], [[[[["def add(a, b): return a + b"]]]]],
            {"role": "assistant", "content": [{"type": "text"}]}, "\n" * 200_000, "`" * 100_000,
-           "[BEGIN]" * 10_000, "def add(a, b):\n    return a + b\n[DONE]\n" + FENCE + "\nfoo bar"]
+           "[BEGIN]" * 10_000,
+           # a base model's answer, then prose and a fence: scored on the answer (it passes)
+           "def add(a, b):\n    return a + b\n[DONE]\nExplanation ...\n" + FENCE + "\nfoo bar"]
     nested = {"task_id": 12, "completion": "", "extra": json.loads("[" * 98 + "]" * 98)}
     rows = [honest] + [{"task_id": 11, "completion": c} for c in odd] + [nested, honest]
     proc = _run(_samples(tmp_path, rows), "--dataset", dataset)
