@@ -131,12 +131,44 @@ def test_unknown_task_id_names_the_line(tmp_path, dataset):
     ("{not json", "malformed JSON line"),
     ('{"task_id": 11}', 'each line needs "task_id" and "completion"'),
     ('{"task_id": [1], "completion": ""}', "task_id must be an MBPP task number"),
+    # Deeper than the JSON decoder's own recursion guard: a RecursionError traceback before.
+    ('{"task_id": 11, "completion": ' + "[" * 100_000 + "]" * 100_000 + "}", "malformed JSON line (nested too deeply)"),
+    ('{"task_id": 11, "completion": ' + '{"a":' * 100_000 + "1" + "}" * 100_000 + "}", "malformed JSON line (nested too deeply)"),
+    # Decodable, but too deep for what follows (str() of it, writing its result line back).
+    ('{"task_id": 11, "completion": ' + "[" * 900 + "]" * 900 + "}", "malformed JSON line (nested deeper than 100 levels)"),
+    ('{"task_id": 11, "completion": ' + "[" * 900 + "1" + "]" * 900, "malformed JSON line"),
+    ('{"task_id": 11, "completion": ' + "9" * 5000 + "}", "malformed JSON line (Exceeds the limit"),
+    ("[" * 5000, "malformed JSON line"),
+    ('"just a string"', 'each line needs "task_id" and "completion"'),
 ])
 def test_malformed_line_names_the_line(tmp_path, dataset, bad_line, message):
+    """A bad input line of any shape is one line on stderr and exit status 2, no results file."""
     samples = tmp_path / "s.jsonl"
     samples.write_text(json.dumps({"task_id": 11, "completion": ""}) + "\n\n" + bad_line + "\n")
     proc = _run(samples, "--dataset", dataset)
-    assert proc.returncode != 0 and f"s.jsonl:3: {message}" in proc.stderr
+    assert proc.returncode == 2 and f"s.jsonl:3: {message}" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "s_results.jsonl").exists()
+
+
+def test_every_sample_of_any_shape_gets_one_result_line(tmp_path, dataset):
+    """Completions of every JSON shape (within the depth limit) are scored: one result line per
+    sample, in order, beside an honest sample that still passes."""
+    honest = {"task_id": 11, "completion": "def add(a, b):\n    return a + b"}
+    odd = [None, 3, 2.5, True, {}, [], {"content": None}, [{"content": [{"text": 5}, None, [1, [2]]]}],
+           [{"role": "user", "content": "x"}], [[[[["def add(a, b): return a + b"]]]]],
+           {"role": "assistant", "content": [{"type": "text"}]}, "\n" * 200_000, "`" * 100_000,
+           "[BEGIN]" * 10_000,
+           # a base model's answer, then prose and a fence: scored on the answer (it passes)
+           "def add(a, b):\n    return a + b\n[DONE]\nExplanation ...\n" + FENCE + "\nfoo bar"]
+    nested = {"task_id": 12, "completion": "", "extra": json.loads("[" * 98 + "]" * 98)}
+    rows = [honest] + [{"task_id": 11, "completion": c} for c in odd] + [nested, honest]
+    proc = _run(_samples(tmp_path, rows), "--dataset", dataset)
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line) for line in (tmp_path / "samples_results.jsonl").read_text().splitlines()]
+    assert len(results) == len(rows)
+    assert [r["completion"] for r in results] == [r["completion"] for r in rows]
+    assert [r["passed"] for r in results] == [True] + [False] * 14 + [True, False, True]
 
 
 def test_bad_k_and_missing_dataset(tmp_path, dataset):

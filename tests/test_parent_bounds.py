@@ -11,13 +11,14 @@ from __future__ import annotations
 import decimal
 import json
 import subprocess
+import sys
 import time
 
 import pytest
 
-from rlcode.sandbox import SandboxPool
+from rlcode.sandbox import SandboxPool, plain_data
 from rlcode.sandbox.asserts import plan_assert
-from rlcode.sandbox.plain_data import MAX_HASH_REPEATS, LimitExceeded, loads
+from rlcode.sandbox.plain_data import MAX_HASH_REPEATS, LimitExceeded, dumps, loads
 from rlcode.sandbox.plain_eval import evaluate_plan
 from rlcode.sandbox.verdict import check_program
 from rlcode.sandbox.worker_process import WorkerProcess
@@ -55,6 +56,34 @@ def test_costly_numbers_and_nesting_are_refused_naming_the_limit(line, limit):
         line = line.replace("[", '{"t":"list","v":[').replace("]", "]}")
     with pytest.raises(LimitExceeded, match=limit):
         loads(line)
+
+
+def _decoder_calls(line: str) -> int:
+    """Python-level calls made inside plain_data while decoding ``line``."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event == "call" and frame.f_code.co_filename == plain_data.__file__
+
+    sys.setprofile(profile)
+    try:
+        loads(line)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_decoding_makes_one_python_call_per_container_not_per_item():
+    """Guards the decoder's cost on the completion thread: scalars are checked by C-level passes, so
+    999,000 ints, floats or strings cost as many Python calls as 1,000; containers cost one each."""
+    for item in (7, 2.5, "abcdefgh", None, True, -2**40):  # (ints past 2**52 travel tagged)
+        small, large = dumps([item] * 1_000), dumps([item] * 999_000)
+        assert _decoder_calls(large) == _decoder_calls(small) <= 10, item
+    pairs, fifties = (_decoder_calls(dumps([[i] * k for i in range(5_000)])) for k in (2, 50))
+    assert pairs == fifties <= 6 * 5_000 + 10  # decode, its checks and _items: per container
+    mapping = {n: _decoder_calls(dumps({i: str(i) for i in range(n)})) for n in (1_000, 100_000)}
+    assert mapping[100_000] == mapping[1_000]
 
 
 def test_decimal_arithmetic_cannot_grow_a_value_the_parent_then_converts():

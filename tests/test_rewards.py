@@ -59,6 +59,19 @@ def test_base_model_answer_is_cut_at_its_first_done():
     assert extract_code("def f():\n    return 1\n[DONE]\nand then some prose") == "def f():\n    return 1"
 
 
+def test_the_program_is_what_comes_first_whichever_marker():
+    """A base model's answer, [DONE], then prose with a fenced block: the answer is the program, not
+    the fenced text (before, any fenced block won). And a fence that comes first wins over a later
+    [BEGIN]...[DONE] span; a span holding a fence stands for its Python block."""
+    code = "def add(a, b):\n    return a + b"
+    answer = f"{code}\n[DONE]\nExplanation: it adds.\n{FENCE}\nfoo bar\n{FENCE}\nfoo bar"
+    assert extract_code(answer, "add") == code and extract_code(answer) == code
+    assert extract_code(f"{code}\n[DONE]\n{FENCE}python\nx = 1\n{FENCE}") == code
+    assert extract_code(f"{FENCE}python\n{code}\n{FENCE}\n[DONE]\n[BEGIN]\nfoo bar\n[DONE]") == code
+    assert extract_code(f"Text.\n[BEGIN]\n{FENCE}python\n{code}\n{FENCE}\n[DONE]") == code
+    assert extract_code(f"[BEGIN]\n{code}\n[DONE]\n{FENCE}python\nfoo bar\n{FENCE}") == code
+
+
 def test_plain_prompt_format_stops_at_done():
     """With model.stop unset, generation stops at the prompt format's stop strings
     ([DONE] for the MBPP paper's format, the closing fence for chat); an explicit stop wins."""

@@ -77,3 +77,40 @@ def test_tree_and_linear_filters_agree(monkeypatch):
                 assert verdict == _run_bpf(linear, nr, arch, args), (arch, nr, args)
                 denied += verdict != 0x7FFF0000
     assert denied > 100  # the policy denies plenty (not two filters that allow everything)
+
+
+ALLOW, ENOSYS, EPERM = 0x7FFF0000, 0x00050000 | 38, 0x00050000 | 1
+
+
+@pytest.mark.skipif(seccomp_policy.platform.machine() != "x86_64", reason="x86_64 syscall numbers")
+def test_unreviewed_syscalls_fail_as_on_an_older_kernel():
+    """Guards the boundary by number: every syscall above the reviewed range (x32 ones too) gets
+    ENOSYS, the reviewed new ones the list denies get EPERM, and the rest of the reviewed range
+    (fchmodat2, futex2, mseal, the *xattrat family...) is allowed. Other architectures' calls still
+    go to libseccomp's own architecture check."""
+    bpf = seccomp_policy.build_filter_bpf()
+    args = (0, 0, 0, 0, 0, 0)
+    for nr in (470, 471, 500, 1023, 0xFFFF, 0x40000000 | 1, 0x40000000 | 470, 0xFFFFFFFF):
+        assert _run_bpf(bpf, nr, AUDIT_ARCH_X86_64, args) == ENOSYS, nr
+    for nr, name in seccomp_policy.DENIED_BY_NUMBER.items():
+        assert _run_bpf(bpf, nr, AUDIT_ARCH_X86_64, args) == EPERM, name
+    for nr in (424, 434, 436, 437, 439, 441, 444, 449, 450, 452, 453, 454, 455, 456, 462, 463, 464, 465,
+               466, 468, 469, 0, 1, 2, 60, 231, 318, 332, 334):
+        assert _run_bpf(bpf, nr, AUDIT_ARCH_X86_64, args) == ALLOW, nr
+    assert _run_bpf(bpf, 470, AUDIT_ARCH_I386, args) != ENOSYS  # i386's numbering: libseccomp's check
+
+
+def test_a_child_calling_new_syscalls_beside_an_honest_one():
+    """Guards the filter as loaded: a program calling listmount, open_tree_attr and a syscall past
+    the reviewed range gets EPERM, EPERM and ENOSYS; an honest program in the same pool is unchanged."""
+    from rlcode.sandbox import SandboxPool
+
+    attack = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "for nr in (458, 467, 470, 500):\n"
+              "    print(nr, libc.syscall(nr, 0, 0, 0, 0), ctypes.get_errno())\n")
+    honest = "import os, tempfile, threading, subprocess\nprint(sum(range(10)), os.getpid() > 0)\n"
+    with SandboxPool(workers=2, timeout=10.0) as pool:
+        attacked, plain = pool.submit(attack).result(), pool.submit(honest).result()
+    if seccomp_policy.platform.machine() == "x86_64":
+        assert attacked.stdout.split("\n")[:4] == ["458 -1 1", "467 -1 1", "470 -1 38", "500 -1 38"], attacked
+    assert plain.status.value == "ok" and plain.stdout == "45 True\n"

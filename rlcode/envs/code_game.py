@@ -25,6 +25,7 @@ import secrets
 from dataclasses import dataclass
 
 from rlcode.envs.base import StepResult, Turn
+from rlcode.rewards.extraction import fenced_blocks
 
 MAX_OUTPUT = 4096
 
@@ -129,10 +130,8 @@ def normalise_output(text: str) -> str:
 
 def extract_prediction(reply: str) -> str:
     """The predicted output: the first fenced block's content, else the whole reply."""
-    import re
-
-    match = re.search(r"```[^\n]*\n(.*?)(?:```|\Z)", reply, re.DOTALL)
-    return normalise_output(match.group(1) if match else reply)
+    blocks = fenced_blocks(reply)
+    return normalise_output(blocks[0][1] if blocks else reply)
 
 
 class CodeGameEnv:

@@ -207,12 +207,37 @@ def _read_samples(path: Path) -> list[tuple[int, dict]]:
                 raw = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UsageError(f"{path}:{number}: malformed JSON line ({e.msg})") from None
+            except RecursionError:  # the C decoder's own guard, at ~1000 levels
+                raise UsageError(f"{path}:{number}: malformed JSON line (nested too deeply)") from None
+            except ValueError as e:  # an integer beyond Python's digit limit for str -> int
+                raise UsageError(f"{path}:{number}: malformed JSON line ({str(e).split(':')[0]})") from None
+            if _deeper_than(raw, MAX_INPUT_DEPTH):
+                raise UsageError(f"{path}:{number}: malformed JSON line (nested deeper than "
+                                 f"{MAX_INPUT_DEPTH} levels)")
             if not isinstance(raw, dict) or "task_id" not in raw or "completion" not in raw:
                 raise UsageError(f"{path}:{number}: each line needs \"task_id\" and \"completion\"")
             samples.append((number, {"task_id": _task_id(raw["task_id"], path, number), "raw": raw}))
     if not samples:
         raise UsageError(f"{path}: no samples")
     return samples
+
+
+# Deepest input line read. A line the JSON decoder accepts may still be too deep for what follows
+# (extracting its completion, writing its result line back), which would then fail half-way with a
+# RecursionError; samples are ~3 levels deep.
+MAX_INPUT_DEPTH = 100
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether ``value``'s containers nest deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    pending = [(value, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= limit:
+                return True
+            pending.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def _task_id(value, path: Path, number: int) -> int:

@@ -49,7 +49,16 @@ __all__ = ["MISSING", "AssertParseError", "AssertPlan", "EvalFailure", "Outcome"
 _NOT_DATA = (ast.Lambda, ast.GeneratorExp, ast.Starred)
 _STDLIB = frozenset(sys.stdlib_module_names)
 _BUILTIN_NAMES = frozenset(dir(builtins))
-_OVERRIDABLE = _BUILTIN_NAMES | _STDLIB
+# True, False, None and __debug__ are keywords or constants: no program can bind them (the tests of
+# 59 MBPP tasks spell True or False, which would otherwise make every program that does be parsed).
+_OVERRIDABLE = (_BUILTIN_NAMES | _STDLIB) - {"True", "False", "None", "__debug__"}
+# The most program text the parent parses (README: the sandbox's limits table). ast.parse costs the
+# parent ~400 bytes of memory per character (an 8 MB program took 4.1 GB); for non-ASCII text the
+# parser also NFKC-normalises each identifier, which is quadratic in a run of combining marks
+# (80,000 of them: 13 s). At these sizes a parse costs at most ~8 MB and a few tens of milliseconds;
+# a model's answer to an MBPP task is ~0.2-4 KB.
+MAX_PARSED_ASCII = 16 * 1024
+MAX_PARSED_OTHER = 2 * 1024
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -98,7 +107,8 @@ def bound_names(code: str) -> frozenset[str]:
         with warnings.catch_warnings():  # invalid escapes in candidate code are not our concern
             warnings.simplefilter("ignore")
             tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # MemoryError: the parser's own
+        # limit on nesting (``x = ------...1``), which the child's compiler meets as well
         return frozenset()
     names: set[str] = set()
     pending = list(tree.body)
@@ -201,12 +211,20 @@ def overridable_names(tests) -> frozenset[str]:
 
 
 def bound_names_among(code: str, names: frozenset[str]) -> frozenset[str]:
-    """``bound_names(code) & names``, without parsing ``code`` when it cannot bind any of them: an
-    ASCII program that never spells a name cannot bind it (other text may spell it in a form NFKC
-    changes, so it is always parsed)."""
-    if not names or (code.isascii() and not any(name in code for name in names)):
+    """``bound_names(code) & names``, or a superset of it, in time and memory linear in the code.
+
+    An ASCII program that never spells a name cannot bind it, so it is not parsed. A program longer
+    than the parent parses (``MAX_PARSED_ASCII``, or ``MAX_PARSED_OTHER`` for other text, which may
+    spell a name in a form NFKC changes) is not parsed either: every name it spells counts as bound
+    (every name, for other text). A superset is safe: it only sends more of an assert's *got* side
+    to the child (see :func:`plan_assert`), never an expected value, and an honest program's values
+    are the same either way."""
+    if not names:
         return frozenset()
-    return bound_names(code) & names
+    if code.isascii():
+        spelled = frozenset(name for name in names if name in code)
+        return bound_names(code) & spelled if spelled and len(code) <= MAX_PARSED_ASCII else spelled
+    return bound_names(code) & names if len(code) <= MAX_PARSED_OTHER else names
 
 
 @functools.lru_cache(maxsize=8192)

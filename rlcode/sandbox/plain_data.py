@@ -23,8 +23,14 @@ from .inside.plain_encode import dumps, encode
 __all__ = ["DecodeError", "LimitExceeded", "Opaque", "check_hash_spread", "decode", "dumps", "encode",
            "loads"]
 
-# What the parent decodes, at most (README: the sandbox's limits table). Each bounds the work one
-# candidate line can cost the parent to a few milliseconds per MiB.
+# What the parent decodes, at most (README: the sandbox's limits table). With the 8 MiB cap on an
+# execution's values, they bound what one execution costs the completion thread: decoding takes
+# 1-2.3x ``json.loads`` of the same line (3.5x for sets, which hash every item), measured by
+# ``benchmarks/plain_data_decode.py``. Per MiB that is ~1 ms for one string, 20-90 ms for lists of
+# scalars, and 0.25-0.4 s for the costliest shape, many small containers (each a JSON object, which
+# costs json.loads itself most of that), measured on a shared 2-core machine under load: a full
+# 8 MiB line of them holds the thread for 2-3 s there. Python calls are one per container, never
+# one per scalar item (a test counts them).
 MAX_DEPTH = 100  # nesting of containers
 MAX_ITEMS = 1_000_000  # items across one value (an 8 MiB line holds ~4M single-digit ints)
 MAX_DIGITS = 4000  # digits of an int, a decimal's coefficient, a fraction's terms
@@ -76,7 +82,16 @@ def decode(data: object) -> object:
     return _Decoder().decode(data, 0)
 
 
+_SCALAR_KINDS = frozenset({type(None), bool, int, float, str})
+_ITEM_KINDS = _SCALAR_KINDS | {dict}
+_SMALL_INT = 1 << 64  # ints below it in magnitude need no digit check
+
+
 class _Decoder:
+    """One value's decoding. The per-item work is done by C-level passes (``set(map(type, items))``,
+    ``min``/``max``, ``zip``) and only tagged items (dicts) cost a Python call each: most items are
+    scalars, which are kept as the decoder made them."""
+
     def __init__(self):
         self.items = 0
 
@@ -87,13 +102,13 @@ class _Decoder:
             return data
         if depth > MAX_DEPTH:
             raise LimitExceeded(f"value nested deeper than {MAX_DEPTH}")
-        if type(data) is not dict or set(data) != {"t", "v"}:
-            raise DecodeError(f"not plain data: {data!r:.80}")
+        if type(data) is not dict or len(data) != 2 or "t" not in data or "v" not in data:
+            raise DecodeError(f"not plain data: a {type(data).__name__}")
         tag, v = data["t"], data["v"]
         if tag in ("list", "tuple", "set", "frozenset"):
             _expect(v, list)
             self._count(len(v))
-            items = [self._item(x, depth) for x in v]
+            items = self._items(v, depth)
             if tag == "list":
                 return items
             if tag == "tuple":
@@ -102,17 +117,16 @@ class _Decoder:
         if tag == "dict":
             _expect(v, list)
             self._count(2 * len(v))
-            pairs = []
-            for pair in v:
-                _expect(pair, list)
-                if len(pair) != 2:
-                    raise DecodeError("dict item is not a pair")
-                pairs.append((self._item(pair[0], depth), self._item(pair[1], depth)))
+            if not v:
+                return {}
+            if set(map(type, v)) != {list} or set(map(len, v)) != {2}:
+                raise DecodeError("dict item is not a pair")
+            keys, values = (self._items(list(column), depth) for column in zip(*v))
             try:
-                check_hash_spread([key for key, _ in pairs], "dict")
+                check_hash_spread(keys, "dict")
             except TypeError as e:
                 raise DecodeError(f"unhashable dict key: {e}") from None
-            return dict(pairs)
+            return dict(zip(keys, values))
         if tag == "int":
             _expect(v, str)
             if len(v.lstrip("-")) > MAX_DIGITS:
@@ -152,12 +166,17 @@ class _Decoder:
             return Opaque(v, raised=tag == "raised")
         raise DecodeError(f"unknown tag {tag!r:.40}")
 
-    def _item(self, x, depth):
-        if x is None or type(x) in _SCALARS:  # scalars inline: most items are
-            if type(x) is int and not -(1 << 64) < x < (1 << 64):
-                _check_int(x)
-            return x
-        return self.decode(x, depth + 1)
+    def _items(self, v: list, depth: int) -> list:
+        """A container's items decoded: scalars as they are (the list itself when all are: the JSON
+        decoder made it, nothing else holds it), tagged values (dicts) one level deeper."""
+        kinds = set(map(type, v))
+        if not kinds <= _ITEM_KINDS:
+            raise DecodeError(f"not plain data: a {min(k.__name__ for k in kinds - _ITEM_KINDS)} item")
+        if int in kinds:
+            _check_ints(v, only_ints=kinds == {int})
+        if dict not in kinds:
+            return v
+        return [self.decode(x, depth + 1) if type(x) is dict else x for x in v]
 
     def _count(self, n: int) -> None:
         self.items += n
@@ -171,6 +190,15 @@ class _Decoder:
             return kind(items)
         except TypeError as e:
             raise DecodeError(f"unhashable {tag} item: {e}") from None
+
+
+def _check_ints(values: list, only_ints: bool) -> None:
+    """The digit limit over a list's ints: one C-level min/max when they are all ints and small."""
+    if only_ints and -_SMALL_INT < min(values) and max(values) < _SMALL_INT:
+        return
+    for value in values:
+        if type(value) is int and not -_SMALL_INT < value < _SMALL_INT:
+            _check_int(value)
 
 
 def _check_int(value: int) -> None:

@@ -209,9 +209,21 @@ def _empty_or_descend(fd: int, flags: int):
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EACCES, errno.EPERM):
                 raise
-        try:
-            os.chmod(name, 0o700, dir_fd=fd)  # a program may have locked it (a directory: no symlink)
-        except OSError:
-            pass
-        return os.open(name, flags, dir_fd=fd)
+        return _unlock_and_open(fd, name, flags)
     return None
+
+
+def _unlock_and_open(fd: int, name: str, flags: int) -> int:
+    """Open subdirectory ``name`` of ``fd`` after making it 0700 (a program may have locked it).
+    The chmod goes through an O_PATH fd of the entry itself, never through the name: chmod follows
+    symlinks, and a concurrent process could turn the name into a link to anywhere after the scan
+    (a property test found the walk changing modes outside its root that way). Without /proc the
+    directory is opened as it is (O_NOFOLLOW: never through a link)."""
+    entry = os.open(name, flags | os.O_PATH, dir_fd=fd)  # O_NOFOLLOW | O_DIRECTORY: the entry, not a link
+    try:
+        os.chmod(f"/proc/self/fd/{entry}", 0o700)
+        return os.open(f"/proc/self/fd/{entry}", flags & ~os.O_NOFOLLOW)  # the same inode again
+    except OSError:
+        return os.open(name, flags, dir_fd=fd)
+    finally:
+        os.close(entry)
