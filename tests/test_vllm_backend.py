@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vllm_stand_in
-from rlcode.models import load_model, load_tokenizer
+from rlcode.models import load_model, load_tokenizer, resolve_model_source
 from rlcode.rollout import SamplingParams
 from rlcode.rollout.vllm_engine import (
     VLLMSettings,
@@ -50,7 +50,9 @@ def policy():
 def make_backend(policy, tokenizer, **settings):
     from rlcode.rollout import VLLMBackend
 
-    return VLLMBackend(policy, tokenizer, "some/model", settings=VLLMSettings(**settings), seed=5)
+    # The tiny model's folder: the strict stand-in checks pushed weights against its checkpoint names.
+    return VLLMBackend(policy, tokenizer, resolve_model_source("tiny-random"), settings=VLLMSettings(**settings),
+                       seed=5)
 
 
 def sample(temperature=1.0, max_new_tokens=6, seed=3, **extra):
