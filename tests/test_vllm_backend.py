@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vllm_stand_in
-from rlcode.models import load_model, load_tokenizer, resolve_model_source
+from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
 from rlcode.rollout import SamplingParams
 from rlcode.rollout.vllm_engine import (
     VLLMSettings,
@@ -302,3 +302,37 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{TESTED_VLLM_VERSIONS}"]
+
+
+# ---- the frozen opponent ----------------------------------------------------------------------------
+def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
+    """vLLM holds the merged policy, which switching adapters off does not change: the opponent samples
+    the adapter-free base with transformers, never through the engine."""
+    from rlcode.algorithms.frozen_policy import frozen_generator
+    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.rollout import HFGenerateBackend
+
+    module = SPIRAL(opponent="frozen", model_name="tiny-random", rollout_backend="vllm", lora={"r": 4},
+                    max_new_tokens=6, temperature=1.0, vllm={"max_model_len": 512})
+    module.configure_model()
+    with torch.no_grad():  # a trained policy: adapters far from zero
+        for name, parameter in module.policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name))))
+    module.generate(PROMPTS, 1, temperature=1.0, seed=0)  # the engine now holds the merged, trained policy
+    opponent = frozen_generator(module, module._opponent_policy)
+    played = opponent(PROMPTS, 4).completion_ids.tolist()
+
+    base = HFGenerateBackend(load_model("tiny-random").eval(), module.tokenizer)
+    expected = base.generate(PROMPTS, 1, module.sampling_params(4)).completion_ids.tolist()
+    trained = HFGenerateBackend(module.policy, module.tokenizer).generate(PROMPTS, 1, module.sampling_params(4))
+    assert played == expected
+    assert trained.completion_ids.tolist() != expected  # the adapters change the samples: the test can fail
+    assert sum(event == ("generate",) for event in module.backend.llm.log) == 1  # the engine played no opponent turn
+
+
+def test_the_engine_refuses_to_generate_with_adapters_switched_off(vllm):
+    policy = load_model("tiny-random", lora=LoraSettings(r=4))
+    backend = make_backend(policy, load_tokenizer("tiny-random"))
+    with policy.disable_adapter(), pytest.raises(RuntimeError, match="adapters switched off"):
+        backend.generate(PROMPTS, 2, sample())

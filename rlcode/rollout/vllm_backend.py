@@ -42,7 +42,7 @@ from rlcode.rollout.vllm_requests import (
     sampling_params_per_prompt,
     token_prompts,
 )
-from rlcode.rollout.vllm_weights import streamed_weights
+from rlcode.rollout.vllm_weights import adapters_disabled, check_servable, streamed_weights
 
 
 class VLLMBackend:
@@ -77,6 +77,7 @@ class VLLMBackend:
             ) from error
         if tokenizer.pad_token_id is None:
             raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
+        check_servable(policy)  # before any training: a weight vLLM could not load fails the first push
         self._vllm = vllm
         self.policy = policy
         self.tokenizer = tokenizer
@@ -103,6 +104,10 @@ class VLLMBackend:
             raise ValueError("generate() got no prompts.")
         if num_generations < 1:
             raise ValueError(f"num_generations={num_generations} must be at least 1.")
+        if adapters_disabled(self.policy):
+            raise RuntimeError("generate() ran with the policy's LoRA adapters switched off, but the vLLM engine serves "
+                               "the trained policy (adapters merged): sample the adapter-free base with the 'hf' "
+                               "backend (rlcode.algorithms.frozen_policy does).")
         plan = plan_requests(params, num_generations)
         prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         self._check_lengths(prompt_ids, params.max_new_tokens)
