@@ -20,6 +20,7 @@ The trainer says when the weights change through ``weights_changed()`` (engine_w
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import torch
@@ -55,7 +56,7 @@ class VLLMBackend:
             chat templates contain them) and sent as token ids.
         model_name_or_path: what vLLM loads at start (the policy's source folder or hub id).
         settings: engine and memory settings (``VLLMSettings``; None: the defaults).
-        seed: base seed of the engine (plus the rank), used by requests without their own seed.
+        seed: base seed of the engine (plus the rank), and of the seeds given to steps without one.
         eos_token_ids: ids that end a completion; default: the same set as the HF backend.
     """
 
@@ -87,6 +88,7 @@ class VLLMBackend:
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None
                                         else default_eos_token_ids(policy, tokenizer)))
         self.llm = None  # built at the first generate: outside configure_model's contexts, on the final device
+        self._unseeded: random.Random | None = None  # seeds for steps without one (not NumPy's global generator)
         self.weights = EngineWeights()
 
     @property
@@ -108,7 +110,7 @@ class VLLMBackend:
             raise RuntimeError("generate() ran with the policy's LoRA adapters switched off, but the vLLM engine serves "
                                "the trained policy (adapters merged): sample the adapter-free base with the 'hf' "
                                "backend (rlcode.algorithms.frozen_policy does).")
-        plan = plan_requests(params, num_generations)
+        plan = plan_requests(params, num_generations, self.settings.importance_sampling_correction)
         prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         self._check_lengths(prompt_ids, params.max_new_tokens)
         llm = self.engine()
@@ -116,7 +118,8 @@ class VLLMBackend:
         self._wake_kv_cache()
         with_logprobs = self.settings.importance_sampling_correction
         requests = sampling_params_per_prompt(self._vllm, params, plan,
-                                              prompt_seeds(params.seed, len(prompts), num_generations),
+                                              prompt_seeds(params.seed, len(prompts), num_generations,
+                                                           self._unseeded),
                                               self.eos_token_ids, with_logprobs)
         with autocast_off():  # the engine runs its own dtypes, not the trainer's mixed precision
             outputs = llm.generate(token_prompts(prompt_ids), requests, use_tqdm=False)
@@ -130,6 +133,7 @@ class VLLMBackend:
             placement = placement_for(_device_of(self.policy))
             self.llm = build_engine(self._vllm, self.settings, self.model_name_or_path,
                                     seed=self.seed + placement.rank, placement=placement)
+            self._unseeded = random.Random(self.seed + placement.rank)  # seeds of seedless steps, per rank
         return self.llm
 
     def ensure_current_weights(self) -> None:
