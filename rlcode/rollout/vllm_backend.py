@@ -2,10 +2,11 @@
 
 Written against vLLM 0.33's V1 engine and offline ``LLM`` API (``vllm>=0.33.0,<0.34``), read from its
 source, and TRL 1.16's ``VLLMGeneration``. vLLM needs CUDA, so on the project's CPU machines only a
-stand-in ``vllm`` module exercises this code (tests/test_vllm_backend.py): the engine keywords and
-environment, token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the
-sleep/wake order. It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` is the check to run
-there.
+strict stand-in ``vllm`` module exercises this code (tests/vllm_stand_in.py: vLLM 0.33's keywords,
+fields and weight-name rules, recorded from the wheel): the engine keywords and environment,
+token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the sleep/wake order.
+It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` and ``benchmarks/gpu_check.py`` are
+the checks to run there.
 
 One ``generate``:
 
