@@ -99,3 +99,16 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) runs lightning_logs .pytest_cache
+
+# The CPU suite on the torch and transformers that `pip install 'rlcode[vllm]'` resolves to: vllm 0.33.0
+# pins torch==2.14.0 and transformers>=5.16.1,<5.21.0 (tests/vllm_api.json records the pins from its
+# wheel), older than the dev set-up's. vllm itself needs CUDA, so the tests use their stand-in; a venv of
+# its own leaves the dev one untouched. On a CPU machine PyPI's torch brings its CUDA libraries (~4 GB).
+VLLM_STACK_VENV ?= .venv-vllm-stack
+.PHONY: test-vllm-stack
+test-vllm-stack:
+	@test -x $(VLLM_STACK_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_STACK_VENV)
+	@pins=$$($(PYTHON) -c 'import json; r = json.load(open("tests/vllm_api.json"))["requires"]; print("torch" + r["torch"], "transformers" + r["transformers"])'); \
+	echo "installing $$pins and rlcode[test] into $(VLLM_STACK_VENV) ..."; \
+	$(VLLM_STACK_VENV)/bin/python -m pip install -q --disable-pip-version-check $$pins -e ".[test]"
+	$(VLLM_STACK_VENV)/bin/python -m pytest -q -m "not integration" $(PYTEST_ARGS)

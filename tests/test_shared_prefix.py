@@ -243,15 +243,40 @@ def test_nothing_shared_runs_the_plain_pass(monkeypatch):
     assert spy.shared_calls == 0
 
 
-@pytest.mark.parametrize("setup", ["sliding-window", "gradient-checkpointing"])
+@pytest.mark.parametrize("case", ["groups-of-8", "multi-turn"])
+@pytest.mark.parametrize("name", ["llama", "lora"])
+def test_shared_pass_with_gradient_checkpointing_equals_the_plain_pass(name, case, monkeypatch):
+    """Checkpointed layers keep the replay-safe cache: the shared pass runs, and its log-probs and
+    gradients equal the plain pass without checkpointing (same bounds as above)."""
+    model = MODELS[name]()
+    batch = _batch(_prompts(case))
+    plain = _logps_and_grads(model, batch, share_prefix=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if name == "lora":
+        model.enable_input_require_grads()  # what peft's preparation does for checkpointing with frozen embeddings
+    assert shared_prefix.shared_prefix_support(model) is None
+    recomputed = []
+    for layer in shared_prefix._checkpointed_layers(model):
+        layer.register_forward_hook(lambda module, inputs, output: recomputed.append(torch.is_grad_enabled()))
+    spy = _Spy(model, monkeypatch)
+    shared = _logps_and_grads(model, batch, share_prefix=True)
+    assert spy.shared_calls == 1, "the shared pass must have run"
+    calls_per_forward = len(recomputed) // 2
+    assert calls_per_forward > 0 and len(recomputed) == 2 * calls_per_forward  # every layer ran again in backward
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    assert_same_gradients(shared[1], plain[1], tolerance=1e-5)
+    assert not any("_can_checkpoint_with_cache" in vars(layer) for layer in shared_prefix._checkpointed_layers(model))
+
+
+@pytest.mark.parametrize("setup", ["sliding-window", "reentrant-checkpointing"])
 def test_models_that_cannot_share_fall_back_and_say_why(setup, monkeypatch, caplog):
     if setup == "sliding-window":
         model = _tiny("Mistral", sliding_window=4)
         reason = "DynamicSlidingWindowLayer"
     else:
         model = _tiny("Llama")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        reason = "gradient checkpointing"
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        reason = "reentrant gradient checkpointing"
     monkeypatch.setattr(sequence_logps, "_reported", set())
     batch = _batch(_prompts("groups-of-8"))
     spy = _Spy(model, monkeypatch)

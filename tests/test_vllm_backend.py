@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vllm_stand_in
-from rlcode.models import load_model, load_tokenizer
+from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
 from rlcode.rollout import SamplingParams
 from rlcode.rollout.vllm_engine import (
     VLLMSettings,
@@ -50,7 +50,9 @@ def policy():
 def make_backend(policy, tokenizer, **settings):
     from rlcode.rollout import VLLMBackend
 
-    return VLLMBackend(policy, tokenizer, "some/model", settings=VLLMSettings(**settings), seed=5)
+    # The tiny model's folder: the strict stand-in checks pushed weights against its checkpoint names.
+    return VLLMBackend(policy, tokenizer, resolve_model_source("tiny-random"), settings=VLLMSettings(**settings),
+                       seed=5)
 
 
 def sample(temperature=1.0, max_new_tokens=6, seed=3, **extra):
@@ -99,6 +101,41 @@ def test_a_single_process_gets_a_rendezvous_and_keeps_its_own(vllm, monkeypatch)
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.7", "29555")
     llm = build_engine(vllm, VLLMSettings(), "some/model", seed=0, placement=placement_for(torch.device("cpu")))
     assert llm.environment["MASTER_PORT"] == "29555" and os.environ["MASTER_PORT"] == "29555"
+
+
+def test_the_build_puts_back_gc_the_environment_cache_and_matmul_precision(vllm, monkeypatch):
+    import gc
+
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # what a trainer on an Ampere+ GPU usually sets
+    try:
+        assert gc.get_freeze_count() == 0 and not vllm.envs._is_envs_cache_enabled()
+        llm = build_engine(vllm, VLLMSettings(), "some/model", seed=1, placement=placement_for(torch.device("cpu")))
+        assert llm.kwargs["seed"] == 1
+        assert torch.get_float32_matmul_precision() == "high"  # the engine set "highest"
+        assert gc.get_freeze_count() == 0  # the engine froze the heap
+        assert not vllm.envs._is_envs_cache_enabled()  # the engine cached vllm.envs
+    finally:
+        torch.set_float32_matmul_precision(previous)
+        gc.unfreeze()
+
+
+def test_building_on_some_ranks_only_is_a_clear_error_not_a_hang(monkeypatch):
+    import threading
+
+    from torch.distributed import HashStore
+
+    from rlcode.rollout.vllm_engine import EnginePlacement, wait_for_every_rank
+
+    store = HashStore()
+    ranks = [EnginePlacement(rank=rank, local_rank=rank, world_size=2, distributed_ready=True) for rank in (0, 1)]
+    with pytest.raises(RuntimeError, match="Only 1 of 2 ranks reached the vLLM engine build"):
+        wait_for_every_rank(ranks[0], 0, store=store, timeout_s=0.3)  # rank 1 never builds
+    other = threading.Thread(target=wait_for_every_rank, args=(ranks[1], 1, store, 30.0))
+    other.start()
+    wait_for_every_rank(ranks[0], 1, store=store, timeout_s=30.0)  # both ranks build: both return
+    other.join(timeout=30.0)
+    assert not other.is_alive()
 
 
 def test_the_build_leaves_the_trainers_state_as_it_was(vllm):
@@ -164,7 +201,7 @@ def test_each_prompt_gets_its_own_seed_and_every_sample_a_distinct_draw(vllm, po
     assert seeds == prompt_seeds(7, 3, 4)
     assert len({seed + j for seed in seeds for j in range(4)}) == 12  # vLLM draws sample j with seed + j
     assert batch.completion_ids[:4].tolist() != batch.completion_ids[4:8].tolist()  # identical prompts differ
-    assert prompt_seeds(8, 3, 4) != seeds and prompt_seeds(None, 2, 4) == [None, None]
+    assert prompt_seeds(8, 3, 4) != seeds
 
 
 def test_greedy_groups_ask_one_completion_and_repeat_it(vllm, policy, tokenizer):
@@ -174,6 +211,44 @@ def test_greedy_groups_ask_one_completion_and_repeat_it(vllm, policy, tokenizer)
     rows = batch.completion_ids.tolist()
     assert rows[0] == rows[1] == rows[2] and rows[3] == rows[4] == rows[5]
     assert len(batch) == 6
+
+
+def test_a_step_without_a_seed_leaves_the_trainers_numpy_generator_alone(vllm, policy, tokenizer):
+    backend = make_backend(policy, tokenizer)
+    backend.engine()
+    state = numpy.random.get_state()
+    expected = numpy.random.rand()
+    numpy.random.set_state(state)
+    backend.generate(PROMPTS, 2, sample(seed=None))
+    backend.generate(PROMPTS, 2, sample(seed=None))
+    assert numpy.random.rand() == expected  # vLLM's sampler draws unseeded requests' seeds from it
+    first, second = (backend.llm.sampling_params[index] for index in (0, 1))
+    assert all(params.seed is not None for params in first + second)
+    assert [p.seed for p in first] != [p.seed for p in second]  # still a fresh draw per step
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(top_p=0.9), "top_p=0.9 with vllm importance_sampling_correction"),
+    (dict(top_k=20), "top_k=20 with vllm importance_sampling_correction"),
+    (dict(temperature=0.005), "temperature=0.005 is below 0.01"),
+])
+def test_sampling_that_would_bias_the_correction_is_refused(vllm, policy, tokenizer, extra, message):
+    backend = make_backend(policy, tokenizer)
+    with pytest.raises(ValueError, match=message):
+        backend.generate(PROMPTS, 2, sample(**extra))
+    assert backend.llm is None  # refused before building anything
+
+
+def test_what_vllm_would_change_or_bias_is_what_is_refused(vllm, policy, tokenizer):
+    """The stand-in applies vLLM's own rule: 0.005 would be sampled at 0.01. Without the correction
+    top-p / top-k are allowed (sampled as asked); greedy ignores them in vLLM and here."""
+    assert vllm.SamplingParams(temperature=0.005).temperature == 0.01
+    backend = make_backend(policy, tokenizer, importance_sampling_correction=False)
+    backend.generate(PROMPTS, 2, sample(top_p=0.9, top_k=20))
+    assert (backend.llm.sampling_params[0][0].top_p, backend.llm.sampling_params[0][0].top_k) == (0.9, 20)
+    make_backend(policy, tokenizer).generate(PROMPTS, 2, sample(temperature=0.0, top_p=0.9))
+    with pytest.raises(ValueError, match="below 0.01"):
+        backend.generate(PROMPTS, 2, sample(temperature=0.005))
 
 
 def test_temperature_above_two_is_refused_before_building_the_engine(vllm, policy, tokenizer):
@@ -300,3 +375,37 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{TESTED_VLLM_VERSIONS}"]
+
+
+# ---- the frozen opponent ----------------------------------------------------------------------------
+def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
+    """vLLM holds the merged policy, which switching adapters off does not change: the opponent samples
+    the adapter-free base with transformers, never through the engine."""
+    from rlcode.algorithms.frozen_policy import frozen_generator
+    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.rollout import HFGenerateBackend
+
+    module = SPIRAL(opponent="frozen", model_name="tiny-random", rollout_backend="vllm", lora={"r": 4},
+                    max_new_tokens=6, temperature=1.0, vllm={"max_model_len": 512})
+    module.configure_model()
+    with torch.no_grad():  # a trained policy: adapters far from zero
+        for name, parameter in module.policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name))))
+    module.generate(PROMPTS, 1, temperature=1.0, seed=0)  # the engine now holds the merged, trained policy
+    opponent = frozen_generator(module, module._opponent_policy)
+    played = opponent(PROMPTS, 4).completion_ids.tolist()
+
+    base = HFGenerateBackend(load_model("tiny-random").eval(), module.tokenizer)
+    expected = base.generate(PROMPTS, 1, module.sampling_params(4)).completion_ids.tolist()
+    trained = HFGenerateBackend(module.policy, module.tokenizer).generate(PROMPTS, 1, module.sampling_params(4))
+    assert played == expected
+    assert trained.completion_ids.tolist() != expected  # the adapters change the samples: the test can fail
+    assert sum(event == ("generate",) for event in module.backend.llm.log) == 1  # the engine played no opponent turn
+
+
+def test_the_engine_refuses_to_generate_with_adapters_switched_off(vllm):
+    policy = load_model("tiny-random", lora=LoraSettings(r=4))
+    backend = make_backend(policy, load_tokenizer("tiny-random"))
+    with policy.disable_adapter(), pytest.raises(RuntimeError, match="adapters switched off"):
+        backend.generate(PROMPTS, 2, sample())

@@ -11,6 +11,7 @@ import torch
 
 import vllm_stand_in
 from rlcode.cli import main
+from rlcode.envs.runner import EpisodeRunner
 from test_grpo_fit import BASE, fit, initial_weights, policy_weights
 
 VLLM = ["--model.rollout_backend", "vllm", "--model.vllm", '{"max_model_len": 1024}']
@@ -62,3 +63,37 @@ def test_validate_with_a_checkpoint_generates_from_it(tmp_path):
     main(["validate", *BASE, *VLLM, "--run.root_dir", str(tmp_path / "validate"),
           "--ckpt_path", str(run / "checkpoints/last.ckpt")])
     assert_engine_holds(engine().weights_at_generate[0], policy_weights(run / "checkpoints/last.ckpt"))
+
+
+# ---- multi-turn modes: the sampler's log-probs travel with the turns --------------------------------
+def test_turn_samples_keep_the_samplers_logprobs(tmp_path):
+    """SPIRAL, multi-step and the code game share the episode runner: each learner turn keeps vLLM's
+    log-probs of its sampled tokens, and the training rows carry them."""
+    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.envs.turn_samples import EpisodeTurns
+    from test_spiral import ScriptedGame
+
+    module = SPIRAL(model_name="tiny-random", rollout_backend="vllm", max_new_tokens=6, temperature=1.0,
+                    vllm={"max_model_len": 512})
+    module.configure_model()
+    runner = EpisodeRunner(module.render, module.turn_generator(1.0))
+    episodes = runner.play([ScriptedGame(n) for n in (1, 2, 3)], [0, 1, 2], [(0, 1)] * 3)
+    samples = EpisodeTurns.from_episodes(episodes, module.tokenizer.pad_token_id, "cpu")
+    turns = [turn for episode in episodes for turn in episode.turns]
+    assert samples.rollout.sampling_logps is not None and len(turns) == 6
+    for row, turn in enumerate(turns):
+        expected = [vllm_stand_in.sampled_logprob(position) for position in range(len(turn.completion_ids))]
+        assert turn.sampling_logps == expected
+        assert samples.rollout.sampling_logps[row, :len(expected)].tolist() == expected
+
+
+def test_spiral_fit_applies_the_importance_correction(tmp_path):
+    from test_spiral import SPIRAL as SPIRAL_CONFIG
+
+    main(["fit", *SPIRAL_CONFIG, *VLLM, "--run.root_dir", str(tmp_path), "--trainer.max_steps", "1",
+          "--eval.at_start", "false", "--eval.at_end", "false"])
+    run = next(tmp_path.glob("tiny/version_*"))
+    with (run / "metrics.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("loss/importance_weight_mean")]
+    assert len(rows) == 1
+    assert 0 < float(rows[0]["loss/importance_weight_min"]) <= float(rows[0]["loss/importance_weight_max"]) <= 3.0

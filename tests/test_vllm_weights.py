@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import vllm_stand_in
 from exact_float64 import assert_float64_equal, in_float64
-from rlcode.models import LoraSettings, load_model, load_tokenizer
-from rlcode.rollout.vllm_weights import peft_checkpoint_name, streamed_weights
+from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
+from rlcode.rollout.vllm_weights import adapters_disabled, check_servable, peft_checkpoint_name, streamed_weights
 
 
 def plain_names() -> list[str]:
@@ -46,14 +47,70 @@ def test_checkpoint_wrapped_layers_stream_under_plain_names():
     assert [name for name, _ in streamed_weights(model)] == plain_names()
 
 
-def test_lora_streams_merged_weights_under_plain_names_and_modules_to_save_replaces_the_original():
+def vllm_engine_model():
+    """The stand-in engine's model for the tiny checkpoint: vLLM 0.33's weight-name rules (tied lm_head alias)."""
+    return vllm_stand_in.EngineModel([], resolve_model_source("tiny-random"))
+
+
+def train_embedding_copy(policy) -> None:
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "modules_to_save" in name:
+                parameter.add_(0.5)  # the trained copy now differs from the frozen original
+
+
+def test_a_head_trained_apart_from_its_tied_embedding_is_refused_before_the_first_push():
+    """vLLM 0.33 skips lm_head.weight as an alias of the tied embedding and raises when the embedding
+    is not in the same call: peft's modules_to_save=["lm_head"] on a tied model cannot be served."""
     policy = lora_policy(modules_to_save=["lm_head"])
+    trained_head = policy.base_model.model.lm_head.modules_to_save["default"].weight
+    with pytest.raises(ValueError, match="tied weight is uninitialized"):  # what the engine would do
+        vllm_engine_model().load_weights([("lm_head.weight", trained_head.detach())])
+    with pytest.raises(NotImplementedError, match="ensure_weight_tying: true"):
+        check_servable(policy)
+    with pytest.raises(NotImplementedError, match="ensure_weight_tying: true"):
+        next(iter(streamed_weights(policy)))
+
+
+def test_a_tied_trained_embedding_streams_once_and_the_engine_loads_it():
+    policy = lora_policy(modules_to_save=["lm_head"], ensure_weight_tying=True)  # peft: one tied trained copy
+    train_embedding_copy(policy)
+    check_servable(policy)
+    streamed = list(streamed_weights(policy))
+    assert [name for name, _ in streamed] == plain_names()  # lm_head comes as model.embed_tokens.weight
+    engine = vllm_engine_model()
+    for name, tensor in streamed:
+        engine.load_weights([(name, tensor)])  # one tensor per call, as the backend pushes
+    trained = policy.base_model.model.model.embed_tokens.modules_to_save["default"].weight
+    assert torch.equal(engine.weights["model.embed_tokens.weight"], trained)
+    assert torch.equal(policy.base_model.model.lm_head.weight, trained)  # and it is the head peft computes with
+
+
+def test_lora_streams_merged_weights_under_plain_names_and_modules_to_save_replaces_the_original():
+    policy = lora_policy(modules_to_save=["model.norm"])
+    train_embedding_copy(policy)
     names = [name for name, _ in streamed_weights(policy)]
-    assert names == plain_names() + ["lm_head.weight"]  # the trained lm_head copy, untied from the embedding
+    assert names == plain_names()
     for fragment in ("lora_", "base_layer", "base_model", "modules_to_save", "original_module"):
         assert not any(fragment in name for name in names), fragment
-    trained_head = policy.base_model.model.lm_head.modules_to_save["default"].weight
-    assert torch.equal(dict(streamed_weights(policy))["lm_head.weight"], trained_head)
+    trained_norm = policy.base_model.model.model.norm.modules_to_save["default"].weight
+    assert torch.equal(dict(streamed_weights(policy))["model.norm.weight"], trained_norm)
+
+
+def test_with_adapters_switched_off_the_stream_is_the_base():
+    """Inside disable_adapter() the module computes the starting policy; so does what is streamed."""
+    policy = lora_policy(modules_to_save=["model.norm"])
+    train_embedding_copy(policy)
+    base = dict(load_model("tiny-random").named_parameters())
+    with policy.disable_adapter():
+        assert adapters_disabled(policy)
+        streamed = list(streamed_weights(policy))
+    assert [name for name, _ in streamed] == list(base)
+    for name, tensor in streamed:
+        assert torch.equal(tensor, base[name]), name
+    assert not adapters_disabled(policy)
+    differing = [name for name, tensor in streamed_weights(policy) if not torch.equal(tensor, base[name])]
+    assert len(differing) >= 14  # adapted projections and the trained norm: the test can tell the two apart
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -63,12 +120,22 @@ def test_lora_streams_merged_weights_under_plain_names_and_modules_to_save_repla
     ("base_model.model.lm_head.original_module.weight", None),
     ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
     ("base_model.model.lm_head.modules_to_save.other.weight", None),  # an inactive adapter's copy
+    ("base_model.model.model.norm.original_module.weight", None),
     ("base_model.model.model.layers.0._checkpoint_wrapped_module.mlp.up_proj.base_layer.weight",
      "model.layers.0.mlp.up_proj.weight"),
     ("base_model.model.model.norm.weight", "model.norm.weight"),
 ])
 def test_peft_name_mapping(name, expected):
     assert peft_checkpoint_name(name, ["default"]) == expected
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("base_model.model.model.norm.original_module.weight", "model.norm.weight"),
+    ("base_model.model.model.norm.modules_to_save.default.weight", None),
+    ("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight", "model.layers.0.self_attn.q_proj.weight"),
+])
+def test_peft_name_mapping_with_adapters_switched_off(name, expected):
+    assert peft_checkpoint_name(name, ["default"], disabled=True) == expected
 
 
 def test_merged_weights_give_the_lora_policy_in_a_plain_model():

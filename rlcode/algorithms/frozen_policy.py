@@ -1,30 +1,34 @@
-"""The starting policy, kept to play against: a frozen copy of the weights, or (LoRA) the base with
-the adapters switched off, which is the starting policy since adapters start at zero."""
+"""The starting policy, kept to play against: a frozen copy of the weights, or (LoRA) the policy with
+its adapters switched off, which is the starting policy since adapters start at zero.
+
+The opponent always samples with transformers' ``generate`` in this process, whatever the rollout
+backend: switching adapters off changes the torch module, not an engine holding its own copy of
+the weights (vLLM keeps the merged policy), nor a model behind a server.
+"""
 
 from __future__ import annotations
 
 import copy
 
+from rlcode.models import is_lora_model, reference_mode
+from rlcode.rollout.hf_backend import HFGenerateBackend
+
 
 def frozen_copy(policy):
     """A frozen deep copy for full fine-tuning; None under LoRA (the adapter-free base serves)."""
-    from rlcode.models import is_lora_model
-
     return None if is_lora_model(policy) else copy.deepcopy(policy).requires_grad_(False).eval()
 
 
 def frozen_generator(module, frozen):
     """(rendered prompts, seed) -> one completion each from the starting policy, with ``module``'s
     sampling settings."""
-    from rlcode.models import reference_mode
-    from rlcode.rollout.hf_backend import HFGenerateBackend
-
-    backend = HFGenerateBackend(frozen.to(module.device), module.tokenizer) if frozen is not None else None
+    lora = frozen is None
+    backend = HFGenerateBackend(module.policy if lora else frozen.to(module.device), module.tokenizer)
 
     def generate(prompts, seed):
         params = module.sampling_params(seed)
-        if backend is not None:
+        if not lora:
             return backend.generate(prompts, 1, params)
         with reference_mode(module.policy):
-            return module.backend.generate(prompts, 1, params)
+            return backend.generate(prompts, 1, params)
     return generate

@@ -17,14 +17,23 @@ Padding: a level's segments are left-padded to its widest, and a row's cache is 
 to the longest row's; the masks zero every pad, and position ids count real tokens, so each token
 attends to exactly the tokens of its own row before it, at the positions it was sampled at.
 
+Gradient checkpointing: transformers drops the cache of a checkpointed layer in training, because
+the backward pass replays the layer and a growing cache would be appended to twice. Here each
+layer's cache is replay-safe instead (``_replay_safe_layer``: its update returns and stores "parent
+keys + this call's keys", so a replay recomputes the same tensors), and the checkpointed layers are
+told to keep it for the pass (transformers' ``_can_checkpoint_with_cache``). This needs torch's
+non-reentrant checkpointing (rlcode's; the reentrant kind gives no gradient to the key/values the
+next level reads) and a transformers version with that switch.
+
 Models that cannot take it run the plain pass (``shared_prefix_support`` says why, logged once):
 caches that are not plain growing key/value tensors (sliding-window, linear-attention, quantized
-layers), gradient checkpointing (transformers turns the cache off while training), and
-transformers versions without per-layer caches.
+layers), reentrant gradient checkpointing or a transformers without ``_can_checkpoint_with_cache``,
+and transformers versions without per-layer caches.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,11 +47,10 @@ if TYPE_CHECKING:
 
 def shared_prefix_support(model: nn.Module) -> str | None:
     """None if ``model`` can run the shared-prefix pass, else the reason it cannot (one line)."""
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if checkpointing and model.training:
-        return "gradient checkpointing turns the key/value cache off in training"
+    if model.training:
+        reason = _checkpointing_reason(model)
+        if reason is not None:
+            return reason
     try:
         from transformers.cache_utils import DynamicCache, DynamicLayer
     except ImportError:
@@ -104,21 +112,85 @@ def prompt_lists(prompt_ids: Tensor, prompt_mask: Tensor) -> list[list[int]]:
                                                 prompt_mask.sum(-1).tolist())]
 
 
+def _checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers transformers checkpoints (``GradientCheckpointingLayer`` with checkpointing on)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return []
+    return [module for module in model.modules()
+            if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing]
+
+
+def _checkpointing_reason(model: nn.Module) -> str | None:
+    """None if ``model`` is not checkpointed or its checkpointing can keep a replay-safe cache."""
+    layers = _checkpointed_layers(model)
+    if not layers:
+        return None
+    if not hasattr(type(layers[0]), "_can_checkpoint_with_cache"):
+        return "gradient checkpointing drops the key/value cache in this transformers version"
+    function = getattr(layers[0], "_gradient_checkpointing_func", None)
+    if getattr(function, "keywords", {}).get("use_reentrant", True) is not False:
+        return ("reentrant gradient checkpointing gives no gradient to shared keys/values "
+                "(enable it with gradient_checkpointing_kwargs={'use_reentrant': False})")
+    return None
+
+
+@functools.cache
+def _replay_safe_layer():
+    """``_ReplaySafeLayer``: a ``DynamicLayer`` holding its parent's keys/values, whose ``update``
+    returns parent + new and keeps that. Unlike ``DynamicLayer`` (which appends), calling ``update``
+    again with the same states gives the same result: what a gradient-checkpointing replay needs.
+    (A class made on first use: transformers is imported only when the pass runs.)"""
+    from transformers.cache_utils import DynamicLayer
+
+    class _ReplaySafeLayer(DynamicLayer):
+        def __init__(self, keys: Tensor | None, values: Tensor | None) -> None:
+            super().__init__()
+            self.past_keys, self.past_values = keys, values
+            if keys is not None:
+                self.keys, self.values, self.is_initialized = keys, values, True
+                self.dtype, self.device = keys.dtype, keys.device
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            if self.past_keys is None:
+                self.keys, self.values = key_states, value_states
+            else:
+                self.keys = torch.cat([self.past_keys, key_states], dim=-2)
+                self.values = torch.cat([self.past_values, value_states], dim=-2)
+            self.is_initialized = True
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return 0 if self.past_keys is None else self.past_keys.shape[-2]
+
+    return _ReplaySafeLayer
+
+
 class _Runner:
     """One forward call on top of a cache; returns (outputs, per-layer key/values)."""
 
     def __init__(self, model: nn.Module, hidden_states: bool) -> None:
         self.model, self.hidden_states = model, hidden_states
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.num_layers = config.num_hidden_layers
+        self.checkpointed = _checkpointed_layers(model)
 
     def __call__(self, ids, mask, positions, past, *, last_only: bool):
         from transformers.cache_utils import DynamicCache
 
         cache = DynamicCache()
-        for layer, (keys, values) in enumerate(past or []):
-            cache.update(keys, values, layer)
+        past = past or [(None, None)] * self.num_layers
+        cache.layers = [_replay_safe_layer()(keys, values) for keys, values in past]
         extra = {} if self.hidden_states or not last_only else {"logits_to_keep": 1}
         extra[cache_argument(self.model)] = cache
-        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        for layer in self.checkpointed:  # keep the (replay-safe) cache under checkpointing, for this call
+            layer._can_checkpoint_with_cache = True
+        try:
+            output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        finally:
+            for layer in self.checkpointed:
+                del layer._can_checkpoint_with_cache  # back to the class's False
         outputs = output.last_hidden_state if self.hidden_states else output.logits
         if last_only:
             outputs = outputs[:, -1:]

@@ -4,7 +4,8 @@ Each round, every live episode's pending turn is collected: the learner's turns 
 backend in one call (not one episode at a time), the opponent's turns (a random legal mover, a frozen
 copy of the policy) in one call of their own. Episodes end at different times; a round holds whatever
 is still live. Every model turn keeps the exact token ids the backend encoded and sampled, so the
-training sample is what was generated (no re-tokenisation drift). Environments with a ``prepare``
+training sample is what was generated (no re-tokenisation drift), and the sampler's log-probs of
+them when it is not the policy itself (vLLM), so the importance-sampling correction applies to turns. Environments with a ``prepare``
 method (an answer to run in the sandbox) get every answer of a round before any ``step`` waits.
 """
 
@@ -32,6 +33,9 @@ class TurnRecord:
     truncated: bool = False
     learner: bool = False
     """Played by the policy being trained (its turns become training samples)."""
+    sampling_logps: list[float] | None = None
+    """The sampler's log-prob of each completion token (vLLM; None: the sampler is the policy itself),
+    for the importance-sampling correction of the turn's sample."""
 
 
 @dataclass
@@ -113,5 +117,6 @@ class EpisodeRunner:
                 player=turn.player, messages=turn.messages, text=rollout.completion_texts[row], prompt_text=prompt,
                 prompt_ids=rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist(),
                 completion_ids=rollout.completion_ids[row][:length].tolist(),
-                truncated=bool(rollout.truncated[row]), learner=True))
+                truncated=bool(rollout.truncated[row]), learner=True,
+                sampling_logps=None if rollout.sampling_logps is None else rollout.sampling_logps[row][:length].tolist()))
         return records

@@ -35,10 +35,13 @@ class EpisodeTurns:
         rows = [(e, t) for e, episode in enumerate(episodes) for t, turn in enumerate(episode.turns) if turn.learner]
         # No rows happens (every game ended before the policy's first turn): the step then has no update.
         turns = [episodes[e].turns[t] for e, t in rows]
+        # The sampler's log-probs (vLLM) travel with the turns: the importance correction needs every row's.
+        sampler_logps = [turn.sampling_logps for turn in turns]
+        with_logps = bool(turns) and all(logps is not None for logps in sampler_logps)
         rollout = batch_from_token_lists(
             prompt_ids=[turn.prompt_ids for turn in turns], completion_ids=[turn.completion_ids for turn in turns],
             ended=[not turn.truncated for turn in turns], completion_texts=[turn.text for turn in turns],
-            pad_token_id=pad_token_id, device=device)
+            pad_token_id=pad_token_id, device=device, sampling_logps=sampler_logps if with_logps else None)
         return cls(episodes, rollout, rows, dict(extra_metrics or {}))
 
     def returns(self) -> list[float]:

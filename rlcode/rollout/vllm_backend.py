@@ -2,10 +2,11 @@
 
 Written against vLLM 0.33's V1 engine and offline ``LLM`` API (``vllm>=0.33.0,<0.34``), read from its
 source, and TRL 1.16's ``VLLMGeneration``. vLLM needs CUDA, so on the project's CPU machines only a
-stand-in ``vllm`` module exercises this code (tests/test_vllm_backend.py): the engine keywords and
-environment, token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the
-sleep/wake order. It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` is the check to run
-there.
+strict stand-in ``vllm`` module exercises this code (tests/vllm_stand_in.py: vLLM 0.33's keywords,
+fields and weight-name rules, recorded from the wheel): the engine keywords and environment,
+token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the sleep/wake order.
+It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` and ``benchmarks/gpu_check.py`` are
+the checks to run there.
 
 One ``generate``:
 
@@ -20,6 +21,7 @@ The trainer says when the weights change through ``weights_changed()`` (engine_w
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import torch
@@ -42,7 +44,7 @@ from rlcode.rollout.vllm_requests import (
     sampling_params_per_prompt,
     token_prompts,
 )
-from rlcode.rollout.vllm_weights import streamed_weights
+from rlcode.rollout.vllm_weights import adapters_disabled, check_servable, streamed_weights
 
 
 class VLLMBackend:
@@ -55,7 +57,7 @@ class VLLMBackend:
             chat templates contain them) and sent as token ids.
         model_name_or_path: what vLLM loads at start (the policy's source folder or hub id).
         settings: engine and memory settings (``VLLMSettings``; None: the defaults).
-        seed: base seed of the engine (plus the rank), used by requests without their own seed.
+        seed: base seed of the engine (plus the rank), and of the seeds given to steps without one.
         eos_token_ids: ids that end a completion; default: the same set as the HF backend.
     """
 
@@ -77,6 +79,7 @@ class VLLMBackend:
             ) from error
         if tokenizer.pad_token_id is None:
             raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
+        check_servable(policy)  # before any training: a weight vLLM could not load fails the first push
         self._vllm = vllm
         self.policy = policy
         self.tokenizer = tokenizer
@@ -86,6 +89,7 @@ class VLLMBackend:
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None
                                         else default_eos_token_ids(policy, tokenizer)))
         self.llm = None  # built at the first generate: outside configure_model's contexts, on the final device
+        self._unseeded: random.Random | None = None  # seeds for steps without one (not NumPy's global generator)
         self.weights = EngineWeights()
 
     @property
@@ -103,7 +107,11 @@ class VLLMBackend:
             raise ValueError("generate() got no prompts.")
         if num_generations < 1:
             raise ValueError(f"num_generations={num_generations} must be at least 1.")
-        plan = plan_requests(params, num_generations)
+        if adapters_disabled(self.policy):
+            raise RuntimeError("generate() ran with the policy's LoRA adapters switched off, but the vLLM engine serves "
+                               "the trained policy (adapters merged): sample the adapter-free base with the 'hf' "
+                               "backend (rlcode.algorithms.frozen_policy does).")
+        plan = plan_requests(params, num_generations, self.settings.importance_sampling_correction)
         prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         self._check_lengths(prompt_ids, params.max_new_tokens)
         llm = self.engine()
@@ -111,7 +119,8 @@ class VLLMBackend:
         self._wake_kv_cache()
         with_logprobs = self.settings.importance_sampling_correction
         requests = sampling_params_per_prompt(self._vllm, params, plan,
-                                              prompt_seeds(params.seed, len(prompts), num_generations),
+                                              prompt_seeds(params.seed, len(prompts), num_generations,
+                                                           self._unseeded),
                                               self.eos_token_ids, with_logprobs)
         with autocast_off():  # the engine runs its own dtypes, not the trainer's mixed precision
             outputs = llm.generate(token_prompts(prompt_ids), requests, use_tqdm=False)
@@ -125,6 +134,7 @@ class VLLMBackend:
             placement = placement_for(_device_of(self.policy))
             self.llm = build_engine(self._vllm, self.settings, self.model_name_or_path,
                                     seed=self.seed + placement.rank, placement=placement)
+            self._unseeded = random.Random(self.seed + placement.rank)  # seeds of seedless steps, per rank
         return self.llm
 
     def ensure_current_weights(self) -> None:

@@ -10,17 +10,26 @@ only: left behind, ``LOCAL_RANK`` would make a later Lightning Trainer in the sa
 its processes were launched externally.
 
 Building an engine also changes the process it runs in: vLLM seeds Python's, NumPy's and torch's
-global generators, sets the current CUDA device and creates tensors under whatever default dtype
-and device are active (Lightning's ``configure_model`` runs under its own). ``outside_trainer_contexts``
+global generators, sets the current CUDA device and float32 matmul precision (its GPU worker),
+freezes the garbage collector's heap (``gc.freeze()``, its engine core), caches ``vllm.envs`` so
+that later environment changes are not seen, and creates tensors under whatever default dtype and
+device are active (Lightning's ``configure_model`` runs under its own). ``outside_trainer_contexts``
 builds it under plain defaults and puts the trainer's state back afterwards.
+
+With several ranks the build is a collective (vLLM joins the trainer's world): a rank that builds
+alone would wait forever. ``wait_for_every_rank`` meets the other ranks through the process group's
+store first, and raises with the fix when they do not come.
 
 Nothing here imports vllm: the caller passes the module in (tests pass a stand-in).
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -168,6 +177,8 @@ def outside_trainer_contexts() -> Iterator[None]:
     default_dtype = torch.get_default_dtype()
     generators = _generator_states()
     cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    matmul_precision = torch.get_float32_matmul_precision()
+    frozen_before = gc.get_freeze_count()
     # A device context is a torch function mode that torch.compile (vLLM compiles its model) would
     # trace through: only override one that is active, e.g. Lightning's tensor_init_context.
     device = torch.device("cpu") if torch.get_default_device() != torch.device("cpu") else nullcontext()
@@ -180,6 +191,9 @@ def outside_trainer_contexts() -> Iterator[None]:
         _restore_generators(generators)
         if cuda_device is not None:
             torch.cuda.set_device(cuda_device)
+        torch.set_float32_matmul_precision(matmul_precision)
+        if frozen_before == 0 and gc.get_freeze_count() > 0:
+            gc.unfreeze()  # the trainer's objects stay collectable (vLLM's own shutdown unfreezes too)
 
 
 def engine_keywords(settings: VLLMSettings, model_name_or_path: str, seed: int) -> dict[str, Any]:
@@ -205,8 +219,67 @@ def engine_keywords(settings: VLLMSettings, model_name_or_path: str, seed: int) 
 
 def build_engine(vllm, settings: VLLMSettings, model_name_or_path: str, seed: int, placement: EnginePlacement):
     """A ``vllm.LLM`` in this process, on the trainer's GPU, leaving the trainer's state as it was."""
-    with scoped_environment(launcher_environment(placement)), outside_trainer_contexts():
-        return vllm.LLM(**engine_keywords(settings, model_name_or_path, seed))
+    wait_for_every_rank(placement, next(_BUILDS))
+    envs = _envs_module(vllm)
+    restore_cache = (callable(getattr(envs, "disable_envs_cache", None))
+                     and not getattr(envs, "_is_envs_cache_enabled", lambda: True)())
+    try:
+        with scoped_environment(launcher_environment(placement)), outside_trainer_contexts():
+            return vllm.LLM(**engine_keywords(settings, model_name_or_path, seed))
+    finally:
+        if restore_cache:
+            envs.disable_envs_cache()  # environment variables are read afresh again (a later build sees its own)
+
+
+# How long a rank waits for the others at an engine build before saying why it would hang.
+RANK_JOIN_TIMEOUT_S = 600.0
+_BUILDS = itertools.count()  # every rank builds the same engines in the same order: the n-th build's key
+
+
+def wait_for_every_rank(placement: EnginePlacement, build_index: int, store=None,
+                        timeout_s: float | None = None) -> None:
+    """Return once every rank of the trainer's world has reached this engine build; raise if they do not.
+
+    The build is a collective over all ranks: one rank building alone (a generate under
+    ``if trainer.is_global_zero``, an eval on rank 0 only) would block in it forever. The ranks
+    meet through the process group's key-value store instead, which can time out.
+    """
+    if not placement.distributed_ready or placement.world_size == 1:
+        return
+    store = store if store is not None else _default_store()
+    if store is None:
+        return
+    timeout_s = RANK_JOIN_TIMEOUT_S if timeout_s is None else timeout_s
+    key = f"rlcode/vllm_engine_build/{build_index}"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while (arrived := store.add(key, 0)) < placement.world_size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"Only {arrived} of {placement.world_size} ranks reached the vLLM engine build within {timeout_s:.0f} s: "
+                "the build is a collective over all ranks, so generating on some ranks only would hang. Call "
+                "generate on every rank (not under `if trainer.is_global_zero`), or use the 'hf' rollout backend.")
+        time.sleep(0.05)
+
+
+def _default_store():
+    """The default process group's store, or None (no group, or a torch without one)."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except (ImportError, RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def _envs_module(vllm):
+    """``vllm.envs`` (its environment-variable cache), or None where there is none."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{vllm.__name__}.envs")
+    except ImportError:
+        return getattr(vllm, "envs", None)
 
 
 def engine_model(llm) -> torch.nn.Module:

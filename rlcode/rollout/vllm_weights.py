@@ -15,10 +15,20 @@ peft's ``merge_adapter()`` / ``unmerge_adapter()`` adds and subtracts the delta 
 dtype, and in bf16 the round trip does not give the base back, so the frozen base (which is also
 the KL reference under LoRA) would drift a little at every sync.
 
-Like TRL, parameters are read with ``named_parameters()``: tied weights come once (vLLM ties
-them itself) and buffers are not sent. Not supported (a clear error): LoRA variants such as DoRA,
-peft's trainable tokens, and quantized (bitsandbytes) bases. Sharded (FSDP) parameters are not
-gathered.
+Like TRL, parameters are read with ``named_parameters()``: tied weights come once, under the
+embedding's name, and buffers are not sent. Tied heads: vLLM 0.33 builds a model with
+``tie_word_embeddings`` with ``lm_head`` *being* ``model.embed_tokens``; its loader skips
+``lm_head.weight`` as an alias and raises (``tied weight is uninitialized``) unless the embedding
+comes in the same call. A head trained apart from its tied embedding (peft ``modules_to_save=
+["lm_head"]`` without ``ensure_weight_tying``) has no place in that model, so it is refused before
+the first push (``check_servable``); with ``ensure_weight_tying=True`` peft trains one tied copy,
+streamed once as ``model.embed_tokens.weight``.
+
+Switched-off adapters (peft's ``disable_adapter()``): the stream is what the module computes then,
+the base without the LoRA deltas and with the original ``modules_to_save`` modules.
+
+Not supported (a clear error): LoRA variants such as DoRA, peft's trainable tokens, and quantized
+(bitsandbytes) bases. Sharded (FSDP) parameters are not gathered.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import torch
 _WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _PEFT_PREFIX = "base_model.model."
 _QUANTIZED_WEIGHT_TYPES = ("Params4bit", "Int8Params")
+TIED_HEAD = "lm_head.weight"  # an alias of model.embed_tokens.weight in vLLM when tie_word_embeddings
 
 
 def checkpoint_name(name: str) -> str:
@@ -40,11 +51,12 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
-def peft_checkpoint_name(name: str, active_adapters: list[str]) -> str | None:
+def peft_checkpoint_name(name: str, active_adapters: list[str], disabled: bool = False) -> str | None:
     """The checkpoint name of a peft model's parameter, or None when it is not sent to vLLM.
 
     Not sent: LoRA factors (merged into their base weight), the frozen ``original_module`` of a
-    ``modules_to_save`` wrapper (its trained copy replaces it) and other adapters' copies.
+    ``modules_to_save`` wrapper (its trained copy replaces it) and other adapters' copies. With the
+    adapters switched off (``disabled``) it is the other way round: the original module is sent.
     """
     name = checkpoint_name(name).removeprefix(_PEFT_PREFIX)
     parts = name.split(".")
@@ -56,10 +68,12 @@ def peft_checkpoint_name(name: str, active_adapters: list[str]) -> str | None:
             "or the 'hf' rollout backend."
         )
     if "original_module" in parts:
-        return None
+        if not disabled:
+            return None
+        parts.remove("original_module")
     if "modules_to_save" in parts:
         at = parts.index("modules_to_save")
-        if parts[at + 1] not in active_adapters:
+        if disabled or parts[at + 1] not in active_adapters:
             return None
         parts = parts[:at] + parts[at + 2:]
     return ".".join(part for part in parts if part != "base_layer")
@@ -69,24 +83,61 @@ def is_peft_model(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "active_adapters")
 
 
+def adapters_disabled(model) -> bool:
+    """True inside peft's ``disable_adapter()``: the model computes its base, not the trained policy."""
+    if not is_peft_model(model):
+        return False
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    return any(module.disable_adapters for module in model.modules()
+               if isinstance(module, (BaseTunerLayer, AuxiliaryTrainingWrapper)))
+
+
+def _named_sources(model) -> Iterator[tuple[str, str, torch.nn.Parameter]]:
+    """(parameter name, checkpoint name, parameter) of what is streamed, before any merging."""
+    if not is_peft_model(model):
+        for name, parameter in model.named_parameters():
+            yield name, checkpoint_name(name), parameter
+        return
+    active, disabled = list(model.active_adapters), adapters_disabled(model)
+    for name, parameter in model.named_parameters():
+        target = peft_checkpoint_name(name, active, disabled)
+        if target is not None:
+            yield name, target, parameter
+
+
+def _ties_head(model) -> bool:
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return bool(getattr(text_config, "tie_word_embeddings", False))
+
+
+def check_servable(model: torch.nn.Module) -> None:
+    """Raise, with the fix, if vLLM could not load ``model``'s weights (a head untied from its tied embedding)."""
+    if not _ties_head(model):
+        return
+    for name, target, _ in _named_sources(model):
+        if target == TIED_HEAD:
+            raise NotImplementedError(
+                f"{name} is trained apart from the embedding it is tied to (tie_word_embeddings=True, e.g. LoRA "
+                "modules_to_save=['lm_head']), but vLLM serves this model with lm_head tied to model.embed_tokens: "
+                "set the LoRA extra ensure_weight_tying: true (peft trains one tied copy), leave lm_head out of "
+                "modules_to_save, or use the 'hf' rollout backend.")
+
+
 def streamed_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) for each parameter of ``model``, LoRA merged out of place.
 
     Yields detached tensors; a merged one is a fresh tensor, any other is the parameter itself,
-    so nothing is copied but the one layer being merged. The policy is not modified.
+    so nothing is copied but the one layer being merged. The policy is not modified. With the
+    adapters switched off it yields the base (nothing merged).
     """
+    check_servable(model)
     with torch.no_grad():
-        if not is_peft_model(model):
-            for name, parameter in model.named_parameters():
-                _check_not_quantized(name, parameter)
-                yield checkpoint_name(name), parameter.detach()
-            return
-        active = list(model.active_adapters)
-        merged_by_parameter = _merged_tensor_makers(model, active)
-        for name, parameter in model.named_parameters():
-            target = peft_checkpoint_name(name, active)
-            if target is None:
-                continue
+        merged_by_parameter = {} if not is_peft_model(model) or adapters_disabled(model) \
+            else _merged_tensor_makers(model, list(model.active_adapters))
+        for name, target, parameter in _named_sources(model):
             make_merged = merged_by_parameter.get(id(parameter))
             if make_merged is None:
                 _check_not_quantized(name, parameter)
