@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcode.algorithms.prefix_tree import PrefixTree
-from rlcode.models.cache_name import cache_argument, output_cache
+from rlcode.models.cache_name import cache_argument
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -194,8 +194,8 @@ class _Runner:
         outputs = output.last_hidden_state if self.hidden_states else output.logits
         if last_only:
             outputs = outputs[:, -1:]
-        layers = output_cache(output).layers
-        return outputs, [(layer.keys, layer.values) for layer in layers]
+        # The cache passed in, filled in place: under gradient checkpointing the output carries none.
+        return outputs, [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _row_prefixes(tree: PrefixTree, caches, masks, last_outputs, device):
