@@ -24,7 +24,7 @@ from pathlib import Path
 
 CONTROLLERS = ("memory", "pids")
 WORKER_MEMORY_BYTES = 64 << 20  # headroom for the idle worker's own pages (~20 MB resident)
-WORKER_TASKS = 2  # the worker process, and one spare
+WORKER_TASKS = 3  # the worker, its template (inside/template.py), and one spare
 MOUNT_IN_SANDBOX = "/sandbox-cgroup"  # where bwrap binds the pool's cgroup folders
 
 

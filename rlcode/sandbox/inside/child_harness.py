@@ -10,6 +10,7 @@ import atexit
 import builtins
 import ctypes
 import io
+import json
 import linecache
 import os
 import resource
@@ -35,6 +36,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 
 # Bound before candidate code runs: rebinding builtins or module attributes cannot reach these.
 _dumps = plain_encode.dumps
+_json_loads = json.loads
 _landlock_restrict = landlock.restrict_self
 _write = os.write
 _exit = os._exit
@@ -175,6 +177,45 @@ def confine(plan: Confinement) -> None:
         plan.seccomp_program.load()
 
 
+def child_main(plan: Confinement, fds) -> None:
+    """The forked child (see template.py): its pipes in place, its job read, confined, then run.
+    ``fds``: stdout, stderr and values pipes, the job's memfd, then the Landlock ruleset if any (all
+    numbered above the fixed ones). Never returns."""
+    try:
+        os.dup2(fds[0], 1)  # fd 0 is already /dev/null (see worker_main.main())
+        os.dup2(fds[1], 2)
+        os.dup2(fds[2], VALUES_FD)
+        last_kept = VALUES_FD
+        if len(fds) > 4:  # entered, then closed, in confine()
+            last_kept = os.dup2(fds[4], LANDLOCK_FD)
+        job = _read_job(fds[3])
+        os.closerange(last_kept + 1, 1 << 16)  # the template's socket, the job, the ns fd, ...
+        confine(plan)
+    except BaseException as exc:
+        try:
+            os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
+            os.write(VALUES_FD, b'{"s":"confine_failed","e":null}\n')
+        finally:
+            _exit(EXIT_CONFINE_FAILED)
+    try:
+        run(job["code"], job.get("setup") or "", job.get("probes") or ())
+    finally:
+        _exit(1)
+
+
+def _read_job(fd: int) -> dict:
+    """This execution's request, from the memfd the worker wrote (the only copy in our memory)."""
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return _json_loads(b"".join(chunks))
+
+
 def _status(status: str, error_type=None) -> None:
     try:
         encoded = "null" if error_type is None else _dumps(error_type)  # a class name can hold anything
@@ -262,7 +303,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
-                 "scratch", "worker_mounts", "process_limit"):
+                 "scratch", "worker_mounts", "process_limit", "template"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]
