@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core_dumps import RLIMIT_CORE
+
 log = logging.getLogger(__name__)
 
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
@@ -48,7 +50,7 @@ class Limits:
 
     def rlimits(self) -> dict[str, int]:
         return {"RLIMIT_FSIZE": self.max_file_bytes, "RLIMIT_NOFILE": self.max_open_files,
-                "RLIMIT_NPROC": self.max_processes, "RLIMIT_CORE": 0}
+                "RLIMIT_NPROC": self.max_processes, "RLIMIT_CORE": RLIMIT_CORE}
 
 
 @dataclass

@@ -27,6 +27,7 @@ LANDLOCK_FD = 4  # the worker's Landlock ruleset, until confine() has entered it
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED_UID = 65534  # root's children run as their slot's own uid; this one if none was claimed
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
@@ -169,6 +170,9 @@ def confine(plan: Confinement) -> None:
     # The worker's death is ours too (and, as PID-namespace init, our descendants'). Set after the
     # uid change, which clears the parent-death signal.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Not dumpable (the uid change sets fs.suid_dumpable's value, 2 on some hosts): no core dump
+    # under any core_pattern, and no process without ptrace rights over us reads our memory.
+    _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
     if plan.landlock:  # after the mounts (a Landlock domain may not change them) and the uid drop
         _landlock_restrict(LANDLOCK_FD)

@@ -149,7 +149,7 @@ class Worker:
         self.template = None  # forked by main() once everything above is set up (template.py)
 
     def _join_cgroups(self, procs: dict) -> bool:
-        """Join the slot's cgroups (memory and pids limits, see the parent's cgroups.py): every
+        """Join the slot's cgroups (memory, pids and cpu, see the parent's cgroups.py): every
         child forked from now on is born in them, which costs an execution nothing, and, the
         worker being idle while a child runs, bounds each execution. Each child raises its own OOM
         score to the maximum, so the kernel's OOM killer takes the execution, not the worker."""
@@ -194,6 +194,7 @@ class Worker:
                 "landlock_abi": landlock.abi_version(), "landlock": self.scratch.ruleset is not None,
                 "tmpfs_per_execution": self.scratch.workdir.mounted,
                 "cgroup": self.in_cgroup,
+                "cpu_cgroup": self.in_cgroup and "cpu" in (self.config.get("cgroup_controllers") or ()),
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
