@@ -51,3 +51,12 @@ def test_setsid_spinners_do_not_starve_an_honest_sample():
         assert not spinner.done(), spinner.result()  # the spinners ran all along (closing the pool ends them)
     assert beside.status is Status.OK, (beside.status, beside.duration_s, alone.duration_s, budget)
     assert beside.stdout == alone.stdout
+
+
+def test_the_doctor_names_the_cpu_share_mechanism(capsys):
+    from rlcode.eval.cli import main
+
+    assert main(["--doctor"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "cpu_share_per_slot" in line)
+    mechanism = line.split("cpu_share_per_slot: ")[1].split(":")[0]
+    assert mechanism in ("cpu-cgroup-v1", "cpu-cgroup-v2", "autogroup", "none"), line
