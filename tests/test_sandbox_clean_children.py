@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 
+import psutil
 import pytest
 
-from rlcode.sandbox import SandboxPool
+from rlcode.sandbox import SandboxPool, Status
 from rlcode.sandbox.verdict import check_program
 
 KEY = os.urandom(8).hex()  # in the expected values only: no sample's code contains it
@@ -101,3 +103,29 @@ def test_a_child_cannot_open_another_sandbox_process_memory():
             print(seen > 0, opened)
         """)).result()
     assert result.stdout == "True []\n", (result.stdout, result.stderr)
+
+
+def test_a_dead_template_costs_one_execution_and_its_worker():
+    """The template is the only process that can fork children with a clean memory; a worker whose
+    template died answers its execution with internal_error and is retired (a new template from the
+    old worker's memory would not be clean), and every later sample runs on a fresh worker."""
+    with SandboxPool(workers=1, timeout=20.0, isolation="process") as pool:
+        assert pool.submit("print(1)").result().stdout == "1\n"
+        worker = pool._slots[0].worker
+        (template,) = psutil.Process(worker.pid).children()
+        template.kill()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(template):
+            time.sleep(0.01)
+        results = [pool.submit(f"print({i})").result() for i in range(3)]
+        assert pool._slots[0].worker is not worker
+    statuses = [r.status for r in results]
+    assert statuses in ([Status.INTERNAL_ERROR, Status.OK, Status.OK], [Status.OK] * 3), results
+    assert [r.stdout for r in results if r.status is Status.OK] == [f"{i}\n" for i in range(3)][-statuses.count(Status.OK):]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

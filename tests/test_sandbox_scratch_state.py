@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import textwrap
 
@@ -18,6 +19,7 @@ import pytest
 
 from rlcode.sandbox import SandboxPool, Status
 from rlcode.sandbox.inside import scratch
+from unprivileged_user import run_as_user
 
 ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
 NO_ID = 0xFFFFFFFF
@@ -79,6 +81,43 @@ def test_acls_xattrs_and_times_set_on_the_temp_dir_do_not_reach_the_next_executi
         seen = json.loads(result.stdout)
         assert seen["read_back"] == "hello" and seen["xattrs"] == [], seen
         assert 1234567 not in seen["times"] and 7654321 not in seen["times"], seen
+
+
+# Run by an unprivileged user (bwrap-userns: the temp dir and /dev/shm are plain directories, emptied
+# and restored, not replaced): the three executions above, plus one using /dev/shm, on one worker.
+RUNNER = textwrap.dedent("""
+    import json, sys
+    from rlcode.sandbox import SandboxPool
+    codes = json.loads(sys.argv[1])
+    with SandboxPool(workers=1, timeout=20.0, isolation="bwrap-userns") as pool:
+        results = [pool.submit(code).result() for code in codes]
+        print(json.dumps({"results": [[r.status.value, r.stdout, r.stderr[-500:]] for r in results],
+                          "workers": len({pool._slots[0].worker.pid}), "retiring": pool._slots[0].worker.retiring,
+                          "mounted": pool.isolation.layers["tmpfs_per_execution"]}))
+""")
+SHM = "open('/dev/shm/x', 'w').write('x'); import os; print(os.listdir('/dev/shm'))"
+
+
+def test_the_unmounted_temp_dir_root_is_restored_between_executions():
+    """Guards the plain-directory path (no mounts, the child of the worker's uid): the ACL planter
+    leaves nothing for the honest sample after it, and emptying /dev/shm (which the worker may not
+    own) does not make the worker ask to be retired."""
+    if os.geteuid() != 0 or not shutil.which("bwrap"):
+        pytest.skip("runs bwrap-userns as an unprivileged test user (needs root here, and bubblewrap)")
+    done = run_as_user(RUNNER, json.dumps([HONEST, PLANT, HONEST, SHM, SHM, HONEST]), home="/nonexistent",
+                       path=os.environ.get("PATH", "/usr/bin:/bin"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    statuses = [status for status, _, _ in report["results"]]
+    assert statuses == ["ok"] * 6, report
+    assert not report["mounted"] and not report["retiring"], report
+    made = json.loads(report["results"][1][1])
+    assert made["system.posix_acl_default"] is True, made
+    for _, stdout, _ in (report["results"][i] for i in (0, 2, 5)):
+        seen = json.loads(stdout)
+        assert seen["read_back"] == "hello" and seen["xattrs"] == [], seen
+        assert 1234567 not in seen["times"] and 7654321 not in seen["times"], seen
+    assert [stdout for _, stdout, _ in report["results"][3:5]] == ["['x']\n"] * 2
 
 
 def test_a_plain_scratch_root_is_put_back_as_made(tmp_path):

@@ -169,15 +169,19 @@ class ScratchDir:
             flags = self.pristine[-1] if self.pristine else 0
             if flags is not None and _flags(fd) not in (None, flags):
                 fcntl.ioctl(fd, FS_IOC_SETFLAGS, array.array("i", [flags]))
+            owned = True
             try:  # fails only on a directory we do not own (bwrap's /dev/shm in a user namespace),
-                os.fchmod(fd, self.mode)  # whose root the child (our uid) cannot change either
-                if self.owner is not None:
+                os.fchmod(fd, self.mode)  # whose root the child (our uid) cannot change either,
+                if self.owner is not None:  # but for the times its entries' changes set
                     os.fchown(fd, self.owner, self.owner)
                 if self.pristine is not None:
                     os.utime(fd, ns=self.pristine[3:5])
             except OSError:
-                pass
-            return self.pristine is None or _state(fd, False) == self.pristine
+                owned = False
+            if self.pristine is None:
+                return True
+            state = _state(fd, False)
+            return state == self.pristine if owned else state[:3] + state[5:] == self.pristine[:3] + self.pristine[5:]
         except OSError:
             return False
         finally:

@@ -282,7 +282,10 @@ class Worker:
                 elif fd == self.control.fd:
                     reason = self._read_control(request["id"]) or reason
         if not exited:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:  # it exited meanwhile
+                pass
         try:
             wait_status = self.template.wait_status()  # the template reaps the child
         finally:
