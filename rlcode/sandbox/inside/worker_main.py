@@ -214,7 +214,7 @@ class Worker:
                 if message["id"] in self.early_kills:
                     result = {"status": "cancelled", "message": "stopped before it started"}
                 else:
-                    result = self.execute(message, line)
+                    result = self.execute(message)
             except Exception as exc:  # the sandbox's own failure: report, keep serving
                 self.retire = self.retire or isinstance(exc, template.TemplateGone)
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
@@ -223,15 +223,14 @@ class Worker:
                 result["recycle"] = True
             _write_line(self.proto_out, result)
 
-    def execute(self, request: dict, line: bytes) -> dict:
+    def execute(self, request: dict) -> dict:
         try:
-            return self._run_child(request, line, self.scratch.workdir.path)
+            return self._run_child(request, self.scratch.workdir.path)
         finally:  # every process of the execution is gone: nothing can write there any more
             self.scratch.reset()
 
-    def _run_child(self, request: dict, line: bytes, workdir: str) -> dict:
-        """Have the template fork the child, hand it ``line`` (the request as received: its job), and
-        supervise it."""
+    def _run_child(self, request: dict, workdir: str) -> dict:
+        """Have the template fork the child, hand it its job, and supervise it."""
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
@@ -242,10 +241,11 @@ class Worker:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         val_r, val_w = os.pipe()
+        job = child_harness.encode_job([request["code"], request.get("setup") or "", *(request.get("probes") or ())])
         started = time.monotonic()
         try:
             pid, pidfd = self.template.spawn({"workdir": workdir, "limits": limits},
-                                             [out_w, err_w, val_w] + ([] if ruleset is None else [ruleset]), line)
+                                             [out_w, err_w, val_w] + ([] if ruleset is None else [ruleset]), job)
         except BaseException:
             for fd in (out_r, err_r, val_r):
                 os.close(fd)
