@@ -1,4 +1,4 @@
-"""Memory and process limits per execution, through cgroups, where the machine lets us write them.
+"""Memory, process and CPU limits per execution, through cgroups, where the machine lets us write them.
 
 RLIMIT_AS is per process (three forked children or a memfd exceed it together) and RLIMIT_NPROC
 counts every process of a uid on the host (one sample holding 62 processes starved the others).
@@ -8,6 +8,14 @@ every child is born inside at no cost per execution; a worker runs one execution
 idles meanwhile, so the group holds one execution plus the idle worker (WORKER_MEMORY_BYTES,
 WORKER_TASKS of headroom). What an execution leaves in its tmpfs is uncharged when the worker
 replaces that tmpfs.
+
+CPU: without a cpu cgroup, the scheduler weighs each session as a group of its own (autogrouping,
+``kernel.sched_autogroup_enabled=1``, the default on most kernels), so 61 spinning children that
+each called setsid() got ~61x the CPU of everything else: an honest sample beside them timed out,
+and the trainer starved. Each slot's ``cpu`` cgroup has one default weight (cpu.shares 1024, or
+cpu.weight 100), whatever its processes do (tasks in a cpu cgroup are not autogrouped), and the
+pool's folder has the weight of one slot per slot, so that the pool as a whole competes with the
+trainer as its worker sessions did before.
 
 Detection, in this order, per controller: cgroup v2 (``memory.max``, ``memory.swap.max``,
 ``pids.max``) where our v2 group offers the controller, else the v1 hierarchy of that controller.
@@ -22,9 +30,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CONTROLLERS = ("memory", "pids")
+CONTROLLERS = ("memory", "pids", "cpu")
+CPU_WEIGHT = {1: ("cpu.shares", 1024, 262144), 2: ("cpu.weight", 100, 10000)}  # file, default, maximum
 WORKER_MEMORY_BYTES = 64 << 20  # headroom for the idle worker's own pages (~20 MB resident)
-WORKER_TASKS = 2  # the worker process, and one spare
+WORKER_TASKS = 3  # the worker, its template (inside/template.py), and one spare
 MOUNT_IN_SANDBOX = "/sandbox-cgroup"  # where bwrap binds the pool's cgroup folders
 
 
@@ -35,6 +44,7 @@ class CgroupLimits:
     version: dict[str, int] = field(default_factory=dict)  # controller -> 1 or 2
     pool_dirs: dict[str, str] = field(default_factory=dict)  # controller -> host path
     note: str = ""
+    slots_made: int = 0
 
     @property
     def active(self) -> bool:
@@ -48,17 +58,30 @@ class CgroupLimits:
             path.mkdir(exist_ok=True)
             if controller == "memory":
                 _set_memory(path, self.version[controller], memory_bytes + WORKER_MEMORY_BYTES)
+            elif controller == "cpu":
+                weight_file, weight, maximum = CPU_WEIGHT[self.version[controller]]
+                (path / weight_file).write_text(str(weight))
+                (Path(pool_dir) / weight_file).write_text(str(min(maximum, weight * (self.slots_made + 1))))
             else:
                 (path / "pids.max").write_text(str(max_processes + WORKER_TASKS))
             made[controller] = name
+        self.slots_made += 1
         return made
+
+    @property
+    def cpu_share(self) -> str:
+        """How the CPU is shared (see isolation.CPU_SHARES): per slot by a cpu cgroup, or not."""
+        if "cpu" in self.pool_dirs:
+            return f"cpu-cgroup-v{self.version['cpu']}"
+        return "autogroup" if autogroup_enabled() else "none"
 
     def worker_config(self, slot: dict[str, str]) -> dict:
         """A worker's config entry: the cgroup.procs files it joins, as seen from inside bubblewrap
         and from the host (the worker knows which it is)."""
         if not slot:
             return {}
-        return {"cgroup_procs": {"bwrap": self.procs_files(slot, True), "host": self.procs_files(slot, False)}}
+        return {"cgroup_procs": {"bwrap": self.procs_files(slot, True), "host": self.procs_files(slot, False)},
+                "cgroup_controllers": sorted(slot)}
 
     def bind_arguments(self) -> list[str]:
         """bwrap arguments making the pool's cgroup folders writable inside the sandbox."""
@@ -110,6 +133,13 @@ def _set_memory(path: Path, version: int, limit: int) -> None:
         (path / "memory.swappiness").write_text("0")
     except OSError:
         pass
+
+
+def autogroup_enabled() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False  # a kernel built without autogrouping
 
 
 def _rmdir(path: Path) -> None:

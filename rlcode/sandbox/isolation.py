@@ -23,7 +23,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from . import cgroups, slot_uids
+from . import cgroups, core_dumps, slot_uids
+from .cgroups import autogroup_enabled
 from .launch import Limits, build_launch, stage_worker_files
 from .seccomp_policy import SeccompUnavailable, build_filter_bpf
 from .worker_process import WorkerFailure, WorkerProcess
@@ -48,6 +49,9 @@ class IsolationReport:
     # What bounds one execution's processes and threads: "cgroup-pids", "slot-uid" or "userns" (per
     # execution), "shared-uid" (RLIMIT_NPROC of a uid others share) or "none" (see inside/process_limit.py).
     process_limit: str = "shared-uid"
+    # How the CPU is shared (CPU_SHARES): "cpu-cgroup-v1"/"cpu-cgroup-v2" (one weight per worker slot),
+    # "autogroup" or "none" (no cpu cgroup: a sample's weight grows with its sessions or processes).
+    cpu_share: str = "none"
 
     @property
     def weaker_than_bwrap(self) -> bool:
@@ -115,7 +119,8 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
     if isolation not in REQUESTS:
         raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
     try:
-        bpf, seccomp_note = build_filter_bpf(), "syscall filter loaded in every child"
+        bpf, seccomp_note = (build_filter_bpf(deny_exec=core_dumps.exec_must_be_denied()),
+                             "syscall filter loaded in every child")
     except SeccompUnavailable as e:
         bpf, seccomp_note = None, str(e)
     staging = stage_worker_files(bpf)
@@ -144,7 +149,9 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
         if not keep_worker:
             worker.close()
             worker = None
-        return Probe(_report(level, layers, seccomp_note, failures), staging, launch, worker)
+        cpu_share = (cgroups.cpu_share if layers.get("cpu_cgroup") and cgroups is not None
+                     else "autogroup" if autogroup_enabled() else "none")
+        return Probe(_report(level, layers, seccomp_note, failures, cpu_share), staging, launch, worker)
     shutil.rmtree(staging, ignore_errors=True)
     fix = ("apt-get install bubblewrap (and allow user namespaces when not root), or isolation='process'"
            if wanted != "process" else "check that the base python interpreter runs")
@@ -165,18 +172,37 @@ PROCESS_LIMITS = {
 }
 
 
-def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) -> IsolationReport:
+# What each CPU-share mechanism (IsolationReport.cpu_share) means for a sample beside others.
+CPU_SHARES = {
+    "cpu-cgroup-v1": "a cpu cgroup per worker slot (cpu.shares): one execution's processes share one slot's "
+                     "weight, however many sessions they start (tasks in a cpu cgroup are not autogrouped)",
+    "cpu-cgroup-v2": "a cpu cgroup per worker slot (cpu.weight): one execution's processes share one slot's "
+                     "weight, however many sessions they start (tasks in a cpu cgroup are not autogrouped)",
+    "autogroup": "no writable cpu cgroup, kernel.sched_autogroup_enabled=1: each session is weighed as one, so "
+                 "a sample whose processes call setsid() gets up to max_processes times the CPU of another; "
+                 "fix: run as root (or with a delegated cpu cgroup)",
+    "none": "no writable cpu cgroup, no autogrouping: each process is weighed alone, so a sample gets up to "
+            "max_processes times the CPU of another; fix: run as root (or with a delegated cpu cgroup)",
+}
+
+
+def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
+            cpu_share: str = "none") -> IsolationReport:
     bwrap = level != "process"
     real_uid_drop = bool(worker.get("uid_drop"))
     child_uid = worker.get("child_uid")
     process_limit = worker.get("process_limit") or "shared-uid"
     abi = int(worker.get("landlock_abi") or 0)
+    no_cores, cores_note = core_dumps.describe(bool(worker.get("seccomp")))
     layers = {
         "filesystem_hidden": bwrap,
         "landlock": bool(worker.get("landlock")),
         "tmpfs_per_execution": bool(worker.get("tmpfs_per_execution")),
         "ipc_objects_denied": bool(worker.get("seccomp")),
         "cgroup_limits": bool(worker.get("cgroup")),
+        "cpu_share_per_slot": cpu_share.startswith("cpu-cgroup"),
+        "fresh_child_memory": bool(worker.get("child_template")),
+        "no_core_dumps": no_cores,
         "network_namespace": bwrap or bool(worker.get("network_namespace")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
@@ -211,6 +237,11 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
         if worker.get("cgroup") else "no writable cgroup here (needs root): per-process RLIMIT_AS and "
         "RLIMIT_NPROC only",
         "seccomp": seccomp_note,
+        "cpu_share_per_slot": f"{cpu_share}: {CPU_SHARES.get(cpu_share, '')}",
+        "fresh_child_memory": "children are forked from a template process that never reads a request or "
+        "a result: a child's memory holds its own job only" if worker.get("child_template") else
+        "children are forked from the worker, whose memory holds earlier executions' requests and results",
+        "no_core_dumps": cores_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
         "sandbox_uid": (f"real uid {child_uid}, shared by every worker slot (no uid of their own could be "
@@ -221,11 +252,12 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str]) ->
                                                             if os.geteuid() == 0 else "")
               if level == "bwrap-userns" else "not root: the child keeps your uid"),
         "process_limit_per_execution": f"{process_limit}: {PROCESS_LIMITS.get(process_limit, '')}",
-        "rlimits": "RLIMIT_AS, CPU, FSIZE, NOFILE, CORE=0" + (
+        "rlimits": f"RLIMIT_AS, CPU, FSIZE, NOFILE, CORE={core_dumps.RLIMIT_CORE}" + (
             " (processes: the pids cgroup)" if process_limit == "cgroup-pids" else ", NPROC"),
         "python_prefix_readable": "" if worker.get("prefix_reachable", True) else
         "the sandbox uid cannot enter the python prefix: only modules the worker pre-imported will import",
     }
     if failures:
         notes["fallback"] = "; ".join(failures)
-    return IsolationReport(level=level, layers=layers, notes=notes, process_limit=process_limit)
+    return IsolationReport(level=level, layers=layers, notes=notes, process_limit=process_limit,
+                           cpu_share=cpu_share)

@@ -16,11 +16,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core_dumps import RLIMIT_CORE
+
 log = logging.getLogger(__name__)
 
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
-                "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py")
+                "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py", "template.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
@@ -48,7 +50,7 @@ class Limits:
 
     def rlimits(self) -> dict[str, int]:
         return {"RLIMIT_FSIZE": self.max_file_bytes, "RLIMIT_NOFILE": self.max_open_files,
-                "RLIMIT_NPROC": self.max_processes, "RLIMIT_CORE": 0}
+                "RLIMIT_NPROC": self.max_processes, "RLIMIT_CORE": RLIMIT_CORE}
 
 
 @dataclass

@@ -59,6 +59,7 @@ NAMESPACE_CLONE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000
                          0x40000000, 0x00000080)
 SECCOMP_RET_ERRNO = 0x00050000
 TIOCSTI = 0x5412  # push bytes into a terminal's input queue
+RLIMIT_CORE, PR_SET_DUMPABLE = 4, 4  # core dumps: see core_dumps.py
 PERSONALITY_QUERY = 0xFFFFFFFF
 
 
@@ -66,8 +67,9 @@ class SeccompUnavailable(RuntimeError):
     pass
 
 
-def build_filter_bpf() -> bytes:
-    """Compile the policy to raw BPF (an array of 8-byte sock_filter instructions).
+def build_filter_bpf(deny_exec: bool = False) -> bytes:
+    """Compile the policy to raw BPF (an array of 8-byte sock_filter instructions). ``deny_exec``:
+    refuse execve too (a socket core_pattern, see core_dumps.py).
 
     Raises SeccompUnavailable when pyseccomp or libseccomp is missing.
     """
@@ -100,6 +102,12 @@ def build_filter_bpf() -> bytes:
     policy.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     policy.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
     policy.add_rule(deny, "personality", seccomp.Arg(0, seccomp.NE, PERSONALITY_QUERY))
+    # Core dumps (core_dumps.py): RLIMIT_CORE stays 1 and the process stays non-dumpable.
+    policy.add_rule(deny, "prlimit64", seccomp.Arg(1, seccomp.EQ, RLIMIT_CORE), seccomp.Arg(2, seccomp.NE, 0))
+    policy.add_rule(deny, "setrlimit", seccomp.Arg(0, seccomp.EQ, RLIMIT_CORE))
+    policy.add_rule(deny, "prctl", seccomp.Arg(0, seccomp.EQ, PR_SET_DUMPABLE))
+    for name in ("execve", "execveat") if deny_exec else ():
+        policy.add_rule(deny, name)
     with tempfile.TemporaryFile() as out:
         policy.export_bpf(out)
         out.flush()

@@ -26,6 +26,7 @@ LANDLOCK_FD = 4  # the worker's Landlock ruleset, until confine() has entered it
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED_UID = 65534  # root's children run as their slot's own uid; this one if none was claimed
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
@@ -167,12 +168,68 @@ def confine(plan: Confinement) -> None:
     # The worker's death is ours too (and, as PID-namespace init, our descendants'). Set after the
     # uid change, which clears the parent-death signal.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Not dumpable (the uid change sets fs.suid_dumpable's value, 2 on some hosts): no core dump
+    # under any core_pattern, and no process without ptrace rights over us reads our memory.
+    _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
     if plan.landlock:  # after the mounts (a Landlock domain may not change them) and the uid drop
         _landlock_restrict(LANDLOCK_FD)
         os.close(LANDLOCK_FD)
     if plan.seccomp_program is not None:
         plan.seccomp_program.load()
+
+
+def child_main(plan: Confinement, fds) -> None:
+    """The forked child (see template.py): its pipes in place, its job read, confined, then run.
+    ``fds``: stdout, stderr and values pipes, the job's memfd, then the Landlock ruleset if any (all
+    numbered above the fixed ones). Never returns."""
+    try:
+        os.dup2(fds[0], 1)  # fd 0 is already /dev/null (see worker_main.main())
+        os.dup2(fds[1], 2)
+        os.dup2(fds[2], VALUES_FD)
+        last_kept = VALUES_FD
+        if len(fds) > 4:  # entered, then closed, in confine()
+            last_kept = os.dup2(fds[4], LANDLOCK_FD)
+        code, setup, *probes = _read_job(fds[3])
+        os.closerange(last_kept + 1, 1 << 16)  # the template's socket, the job, the ns fd, ...
+        confine(plan)
+    except BaseException as exc:
+        try:
+            os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
+            os.write(VALUES_FD, b'{"s":"confine_failed","e":null}\n')
+        finally:
+            _exit(EXIT_CONFINE_FAILED)
+    try:
+        run(code, setup, probes)
+    finally:
+        _exit(1)
+
+
+def encode_job(strings) -> bytes:
+    """[code, setup, *probes] as the child reads them: their UTF-8 lengths on one line, then the
+    bytes. (Not JSON: a first json.loads in a forked child costs ~60 copy-on-write page faults, this
+    ~20.) surrogatepass keeps any string JSON could carry."""
+    encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
+    return " ".join(str(len(e)) for e in encoded).encode() + b"\n" + b"".join(encoded)
+
+
+def _read_job(fd: int) -> list:
+    """This execution's job (encode_job), from the memfd the worker wrote: the only copy in our memory."""
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    head, _, body = b"".join(chunks).partition(b"\n")
+    strings, start = [], 0
+    for length in head.split():
+        end = start + int(length)
+        strings.append(body[start:end].decode("utf-8", "surrogatepass"))
+        start = end
+    return strings
 
 
 def _status(status: str, error_type=None) -> None:
@@ -262,7 +319,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
-                 "scratch", "worker_mounts", "process_limit"):
+                 "scratch", "worker_mounts", "process_limit", "template"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

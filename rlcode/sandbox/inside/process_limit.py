@@ -44,7 +44,7 @@ def nproc_base(kind: str, is_root: bool) -> int:
         return 0  # root's children count from zero (or, on 65534, whatever else runs as nobody)
     # /proc shows what the count holds: under bubblewrap only our namespace's tasks (bwrap's init
     # and this worker); at the process level every task of the uid on the machine.
-    tasks = process_tree.tasks_of_uid(os.getuid())
+    tasks = process_tree.tasks_of_uid(os.getuid()) + 1  # + the template, forked after this count
     return tasks if kind == "userns" else tasks + NPROC_SLACK
 
 

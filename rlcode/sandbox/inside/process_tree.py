@@ -6,10 +6,11 @@ import signal
 import time
 
 
-def kill_descendants(pid: int) -> None:
+def kill_descendants(pid: int, spare: int) -> None:
     """Without a PID namespace: kill the child's process group until it is empty (a fork bomb's
     new members are caught by the kernel's fork-vs-signal check), then, as subreaper, every
-    orphan that left the group (setsid) and was reparented to us, until we have no children."""
+    orphan that left the group (setsid) and was reparented to us, until we have no children but
+    ``spare`` (the template that forks the children)."""
     for _ in range(100):
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -17,7 +18,7 @@ def kill_descendants(pid: int) -> None:
             break
         reap_all()
     for _ in range(200):
-        children = children_of(os.getpid())
+        children = [child for child in children_of(os.getpid()) if child != spare]
         if not children:
             break
         for child in children:

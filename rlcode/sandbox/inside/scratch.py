@@ -14,17 +14,27 @@ fresh tmpfs (the old one is detached and freed whole, however deep or full it wa
 directory is emptied with fd-relative calls holding one directory fd at a time, so neither PATH_MAX
 nor recursion depth limits it; if that fails or overruns its time budget, the worker moves to a new
 directory and asks to be recycled.
+
+"Empty" covers the root directory itself: the child owns it, so it can set a POSIX ACL (a default
+ACL made every file the next execution created unreadable), extended attributes, inode flags and
+timestamps on it, all of which outlived a check of the inode count, mode and owner. The root's
+whole state (mode, owner, times including ctime, xattrs, flags) is recorded when it is made and
+compared after every execution: a mounted one that differs is replaced, a plain one is put back
+(xattrs removed, flags, mode, owner and times restored) and checked again.
 """
 
+import array
 import ctypes
 import errno
+import fcntl
 import os
-import stat
 import time
 
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 CLEAR_BUDGET_S = 2.0
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # chattr's flags (an int, despite the name)
+ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -86,8 +96,10 @@ class ScratchDir:
             self.options += f",uid={owner},gid={owner}"
         os.makedirs(path, mode=0o755, exist_ok=True)
         self.mounted = mount and self._mount()
+        self.pristine = None  # the root's state as made (root_state()), compared after each execution
         if not self.mounted:
             self._restore_root()
+        self._record()
         self.generation = 0  # bumped whenever the directory is replaced (its Landlock rule too)
 
     def reset(self) -> bool:
@@ -98,17 +110,18 @@ class ScratchDir:
                 _libc.umount2(self.path.encode(), MNT_DETACH)
                 if not self._mount():
                     raise OSError(ctypes.get_errno(), f"could not remount a tmpfs on {self.path}")
+                self._record()
                 self.generation += 1
             return True
         try:
             os.chmod(self.path, 0o700)  # the program (same uid here) may have locked its own root
         except OSError:
             pass
-        if clear_directory(self.path, time.monotonic() + CLEAR_BUDGET_S):
-            self._restore_root()
+        if clear_directory(self.path, time.monotonic() + CLEAR_BUDGET_S) and self._restore_root():
             return True
         self.path = new_directory(os.path.dirname(self.path), self.stem)  # leave the wreck
         self._restore_root()
+        self._record()
         self.generation += 1
         return False
 
@@ -126,20 +139,77 @@ class ScratchDir:
         return _libc.mount(b"tmpfs", self.path.encode(), b"tmpfs", flags, self.options.encode()) == 0
 
     def _dirty(self) -> bool:
-        """Anything but the empty root (one inode) as we made it: one statvfs and one stat."""
-        fs = os.statvfs(self.path)
-        if fs.f_files - fs.f_ffree != 1:
-            return True
-        st = os.stat(self.path)
-        return stat.S_IMODE(st.st_mode) != self.mode or (self.owner is not None and st.st_uid != self.owner)
-
-    def _restore_root(self) -> None:
-        try:  # fails only on a directory we do not own (bwrap's /dev/shm in a user namespace)
-            os.chmod(self.path, self.mode)
-            if self.owner is not None:
-                os.chown(self.path, self.owner, self.owner)
+        """Anything but the empty root (one inode) exactly as we made it. Every change a child can
+        make to the root (mode, owner, ACL, xattr, flags) also moves its ctime, which no call sets."""
+        try:
+            fs = os.statvfs(self.path)
+            return fs.f_files - fs.f_ffree != 1 or root_state(self.path) != self.pristine
         except OSError:
-            pass
+            return True
+
+    def _record(self) -> None:
+        try:
+            self.pristine = root_state(self.path, with_ctime=self.mounted)
+        except OSError:
+            self.pristine = None
+
+    def _restore_root(self) -> bool:
+        """A plain directory's root, put back as recorded (our own restoring moves its ctime, which
+        is therefore left out). True once it matches."""
+        try:
+            fd = os.open(self.path, ROOT_FLAGS)
+        except OSError:
+            return False
+        try:
+            for name in os.listxattr(fd):  # POSIX ACLs are the system.posix_acl_* attributes
+                try:
+                    os.removexattr(fd, name)
+                except OSError:
+                    pass
+            flags = self.pristine[-1] if self.pristine else 0
+            if flags is not None and _flags(fd) not in (None, flags):
+                fcntl.ioctl(fd, FS_IOC_SETFLAGS, array.array("i", [flags]))
+            owned = True
+            try:  # fails only on a directory we do not own (bwrap's /dev/shm in a user namespace),
+                os.fchmod(fd, self.mode)  # whose root the child (our uid) cannot change either,
+                if self.owner is not None:  # but for the times its entries' changes set
+                    os.fchown(fd, self.owner, self.owner)
+                if self.pristine is not None:
+                    os.utime(fd, ns=self.pristine[3:5])
+            except OSError:
+                owned = False
+            if self.pristine is None:
+                return True
+            state = _state(fd, False)
+            return state == self.pristine if owned else state[:3] + state[5:] == self.pristine[:3] + self.pristine[5:]
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+
+def root_state(path: str, with_ctime: bool = True) -> tuple:
+    """(mode, uid, gid, atime, mtime, ctime or None, xattr names, inode flags or None) of a directory."""
+    fd = os.open(path, ROOT_FLAGS)
+    try:
+        return _state(fd, with_ctime)
+    finally:
+        os.close(fd)
+
+
+def _state(fd: int, with_ctime: bool) -> tuple:
+    st = os.fstat(fd)
+    return (st.st_mode, st.st_uid, st.st_gid, st.st_atime_ns, st.st_mtime_ns,
+            st.st_ctime_ns if with_ctime else None, tuple(sorted(os.listxattr(fd))), _flags(fd))
+
+
+def _flags(fd: int):
+    buffer = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buffer)
+    except OSError:  # a filesystem without inode flags (tmpfs before Linux 6.0): nothing to set either
+        return None
+    return buffer[0]
 
 
 def new_directory(parent: str, stem: str) -> str:

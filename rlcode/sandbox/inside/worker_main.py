@@ -1,4 +1,4 @@
-"""The sandbox worker: a long-lived process that forks one confined child per execution.
+"""The sandbox worker: a long-lived process that runs one confined child per execution.
 
 Standalone stdlib code, started as ``python -I -S worker_main.py`` (inside bubblewrap when available)
 from a private copy of this directory. It must not import rlcode or anything from site-packages.
@@ -7,6 +7,9 @@ Protocol (one JSON object per line): the parent first sends the worker config, t
 {"op": "hello", "layers": {...}}; then {"op": "run", ...} -> {"op": "result", ...}, one at a time.
 While a child runs, {"op": "kill", "id": ...} ends it (status cancelled). EOF on stdin ends the
 worker, and its child's whole tree with it. The worker, not the child, holds the clock.
+
+The children are forked by the worker's template process (template.py), never by the worker itself,
+whose memory holds every request and result it has handled.
 """
 
 import ctypes
@@ -40,12 +43,14 @@ import outcome  # noqa: E402
 import process_limit  # noqa: E402
 import process_tree  # noqa: E402
 import scratch  # noqa: E402
+import template  # noqa: E402
 import worker_mounts  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWIPC = 0x08000000
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 READ_CHUNK = 1 << 16
 KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_process.py)
@@ -90,6 +95,9 @@ def _write_line(fd: int, obj) -> None:
 class Worker:
     def __init__(self, config: dict, proto_in: int, proto_out: int):
         self.config = config
+        # Not dumpable: no process of another uid, and none without ptrace rights over us, can read
+        # our memory through /proc/<pid>/mem (nor ptrace us); the template and every child inherit it.
+        _libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
         os.environ.clear()  # already scrubbed by whoever started us; made exact here
         os.environ.update(config["env"])
         self.control = LineReader(proto_in)
@@ -136,10 +144,12 @@ class Worker:
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
+        self.retire = False  # the template is gone: the parent retires us after this answer
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
+        self.template = None  # forked by main() once everything above is set up (template.py)
 
     def _join_cgroups(self, procs: dict) -> bool:
-        """Join the slot's cgroups (memory and pids limits, see the parent's cgroups.py): every
+        """Join the slot's cgroups (memory, pids and cpu, see the parent's cgroups.py): every
         child forked from now on is born in them, which costs an execution nothing, and, the
         worker being idle while a child runs, bounds each execution. Each child raises its own OOM
         score to the maximum, so the kernel's OOM killer takes the execution, not the worker."""
@@ -184,7 +194,9 @@ class Worker:
                 "landlock_abi": landlock.abi_version(), "landlock": self.scratch.ruleset is not None,
                 "tmpfs_per_execution": self.scratch.workdir.mounted,
                 "cgroup": self.in_cgroup,
+                "cpu_cgroup": self.in_cgroup and "cpu" in (self.config.get("cgroup_controllers") or ()),
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
+                "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
                 "uid": os.getuid()}
 
@@ -204,9 +216,10 @@ class Worker:
                 else:
                     result = self.execute(message)
             except Exception as exc:  # the sandbox's own failure: report, keep serving
+                self.retire = self.retire or isinstance(exc, template.TemplateGone)
                 result = {"status": "internal_error", "message": f"worker: {type(exc).__name__}: {exc}"}
             result.update(op="result", id=message["id"])
-            if self.scratch.recycle:  # the parent retires this worker once its queued executions are done
+            if self.scratch.recycle or self.retire:  # the parent retires us once the queued executions are done
                 result["recycle"] = True
             _write_line(self.proto_out, result)
 
@@ -215,26 +228,9 @@ class Worker:
             return self._run_child(request, self.scratch.workdir.path)
         finally:  # every process of the execution is gone: nothing can write there any more
             self.scratch.reset()
-            if self.seccomp is None and self.is_root:
-                self._drop_ipc_objects()
-
-    def _drop_ipc_objects(self) -> None:
-        """Without the seccomp filter (which denies creating them) SysV IPC objects could outlive
-        the execution: if any exist, move to a fresh IPC namespace, freeing the old one whole."""
-        for kind in ("shm", "msg", "sem"):
-            try:
-                with open(f"/proc/sysvipc/{kind}", "rb") as f:
-                    if len(f.read().splitlines()) > 1:  # a header line, then one line per object
-                        _libc.unshare(CLONE_NEWIPC)
-                        return
-            except OSError:
-                pass
 
     def _run_child(self, request: dict, workdir: str) -> dict:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        val_r, val_w = os.pipe()
-        os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the child inherits our (scrubbed) environment
+        """Have the template fork the child, hand it its job, and supervise it."""
         timeout = float(request["timeout"])
         limits = dict(self.config["limits"], RLIMIT_CPU=int(timeout) + 1)
         limits["RLIMIT_NPROC"] += self.nproc_base
@@ -242,46 +238,27 @@ class Worker:
             del limits["RLIMIT_NPROC"]  # the pids cgroup bounds this execution alone
         limits["RLIMIT_AS"] = int(request.get("memory_mb") or self.config["memory_mb"]) << 20
         ruleset = self.scratch.ruleset
-        plan = child_harness.Confinement(workdir=workdir, limits=limits, uid=self.child_uid,
-                                         oom_first=self.in_cgroup,
-                                         seccomp_program=self.seccomp, landlock=ruleset is not None,
-                                         private_proc=not self.in_bwrap and ruleset is None)
-        if self.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        val_r, val_w = os.pipe()
+        job = child_harness.encode_job([request["code"], request.get("setup") or "", *(request.get("probes") or ())])
         started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = child_harness.EXIT_CONFINE_FAILED
-            try:
-                os.dup2(out_w, 1)  # fd 0 is already /dev/null (see main())
-                os.dup2(err_w, 2)
-                os.dup2(val_w, child_harness.VALUES_FD)
-                last_kept = child_harness.VALUES_FD
-                if ruleset is not None:  # entered, then closed, in confine()
-                    last_kept = os.dup2(ruleset, child_harness.LANDLOCK_FD)
-                os.closerange(last_kept + 1, 1 << 16)  # protocol pipes, ns fd, ...
-                child_harness.confine(plan)
-            except BaseException as exc:
-                try:
-                    os.write(2, f"sandbox confinement failed: {exc!r}\n".encode())
-                    os.write(child_harness.VALUES_FD, b'{"s":"confine_failed","e":null}\n')
-                finally:
-                    os._exit(code)
-            try:
-                child_harness.run(request["code"], request.get("setup") or "", request.get("probes") or ())
-            finally:
-                os._exit(1)
-        if self.own_pidns is not None:
-            _libc.setns(self.own_pidns, CLONE_NEWPID)
-        for fd in (out_w, err_w, val_w):
-            os.close(fd)
-        return self._supervise(pid, request, started, timeout, out_r, err_r, val_r)
+        try:
+            pid, pidfd = self.template.spawn({"workdir": workdir, "limits": limits},
+                                             [out_w, err_w, val_w] + ([] if ruleset is None else [ruleset]), job)
+        except BaseException:
+            for fd in (out_r, err_r, val_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, val_w):
+                os.close(fd)
+        return self._supervise(pid, pidfd, request, started, timeout, out_r, err_r, val_r)
 
-    def _supervise(self, pid, request, started, timeout, out_r, err_r, val_r) -> dict:
+    def _supervise(self, pid, pidfd, request, started, timeout, out_r, err_r, val_r) -> dict:
         cap = int(request.get("max_output_bytes") or self.config["max_output_bytes"])
         values_cap = int(self.config["max_values_bytes"])
         streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: outcome.Capped(values_cap)}
-        pidfd = os.pidfd_open(pid)
         poller = select.poll()
         for fd in (*streams, pidfd, self.control.fd):
             poller.register(fd, select.POLLIN)
@@ -305,12 +282,17 @@ class Worker:
                 elif fd == self.control.fd:
                     reason = self._read_control(request["id"]) or reason
         if not exited:
-            os.kill(pid, signal.SIGKILL)
-        _, wait_status = os.waitpid(pid, 0)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:  # it exited meanwhile
+                pass
+        try:
+            wait_status = self.template.wait_status()  # the template reaps the child
+        finally:
+            os.close(pidfd)
         duration = time.monotonic() - started
-        os.close(pidfd)
         if self.own_pidns is None:
-            process_tree.kill_descendants(pid)
+            process_tree.kill_descendants(pid, spare=self.template.pid)
         for fd, stream in streams.items():  # whatever is still buffered; writers are all gone
             _drain(fd, stream)
             os.close(fd)
@@ -377,9 +359,13 @@ def main() -> None:
     # then never walk (and copy-on-write) the pre-imported modules' objects.
     gc.collect()
     gc.freeze()
+    # Before the hello: the parent sends no request before it, so the template's copy of our memory
+    # holds the config line and nothing any execution sent or received.
+    worker.template = template.start(worker)
     try:
         worker.serve()
     finally:  # its child's tree is gone: nothing writes to its temp dir any more
+        worker.template.close()
         worker.scratch.close()
 
 
