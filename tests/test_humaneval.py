@@ -170,3 +170,19 @@ def test_the_eval_callback_and_validate_score_human_eval_when_asked(tasks):
         MBPPEval(benchmark="humaneva")
     report = EvalReport(step=3, split="humaneval", temperature=0.0, problems=[], benchmark="humaneval")
     assert set(report.metrics()) == {"humaneval_eval/pass_rate", "humaneval_eval/problems_passed"}
+
+
+def test_the_policy_eval_scores_human_eval_problems_end_to_end(tasks):
+    from rlcode.algorithms.grpo import GRPO
+    from rlcode.data.prompts import build_prompt as any_prompt
+    from rlcode.eval.policy_scoring import score_policy
+
+    module = GRPO(model_name="tiny-random", max_new_tokens=8)
+    module.configure_model()
+    chosen = tasks[:3]
+    with module.sandbox_pool(5.0) as pool:
+        report = score_policy(module, [module.render(any_prompt(t, "plain")) for t in chosen], chosen, pool, step=0,
+                              split="humaneval", max_new_tokens=8, timeout=5.0, batch_size=3, benchmark="humaneval")
+    assert [p.task_id for p in report.problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert report.problems_passed == 0 and all(p.verdict.startswith("failed") for p in report.problems)
+    assert report.as_json()["benchmark"] == "humaneval" and "humaneval_eval/pass_rate" in report.metrics()
