@@ -9,7 +9,8 @@ stops; program = prompt + completion). Each program is judged by the sandbox (th
 the test and ``check(entry_point)``.
 
 Measured on all 164 problems (2026-11-25, 2 shared CPU cores, the eval callback's path): chat at 128
-tokens, 8 pass in both, 164/164 verdicts agree; plain at 96 tokens: see the README (same agreement).
+tokens, 8 pass in both and 164/164 verdicts agree; plain at 96 tokens, 0 pass (an instruct model
+without its chat template mostly writes prose or another function) and 164/164 agree.
 No disagreement to explain. What could differ, and does not on these samples: a program slower
 than the 10 s limit in one harness only (both use 10 s), one that imports a third-party module (the
 sandbox offers the standard library only) or writes outside its temp dir (the sandbox forbids it;
