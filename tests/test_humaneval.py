@@ -186,3 +186,38 @@ def test_the_policy_eval_scores_human_eval_problems_end_to_end(tasks):
     assert [p.task_id for p in report.problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert report.problems_passed == 0 and all(p.verdict.startswith("failed") for p in report.problems)
     assert report.as_json()["benchmark"] == "humaneval" and "humaneval_eval/pass_rate" in report.metrics()
+
+
+def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys, tasks):
+    """`rlcode validate|test --eval.benchmark humaneval`: the 'model' answers the first two problems
+    with their canonical bodies (plain format: the prompt continued) and the third wrongly, so the
+    pass rate must be 2/3 under HumanEval's metric names."""
+    import csv
+    import dataclasses
+    from pathlib import Path
+
+    from rlcode.algorithms.grpo import GRPO
+    from rlcode.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml")]
+    original_generate = GRPO.generate
+
+    def answer_with_canonical_bodies(self, prompts, num_generations, **kwargs):
+        rollout = original_generate(self, prompts, num_generations, **kwargs)
+        task_of = {t.prompt: t for t in tasks[:3]}
+        texts = [task_of[p].canonical_solution if task_of[p] is not tasks[2] else "    return 0\n" for p in prompts]
+        return dataclasses.replace(rollout, completion_texts=texts)
+
+    monkeypatch.setattr(GRPO, "generate", answer_with_canonical_bodies)
+    for subcommand in ("validate", "test"):
+        root = tmp_path / subcommand
+        main([subcommand, *base, "--run.root_dir", str(root), "--data.num_eval_tasks", "3", "--data.prompt_format",
+              "plain", "--data.eval_batch_size", "2", "--eval.benchmark", "humaneval"])
+        with next(root.glob("tiny/version_*/metrics.csv")).open() as handle:
+            row = next(csv.DictReader(handle))
+        prefix = "humaneval_eval" if subcommand == "validate" else "humaneval_test"
+        assert float(row[f"{prefix}/pass_rate"]) == pytest.approx(2 / 3)
+        assert float(row[f"{prefix}/problems_passed"]) == 2.0
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  HumanEval {subcommand}:")]
+        assert lines[-1].split(", ")[:2] == [f"  HumanEval {subcommand}: 3/3 problems", "pass rate 0.667 (2/3)"]
