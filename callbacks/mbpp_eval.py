@@ -1,7 +1,8 @@
 """MBPP evaluation before, during and after training (initial, interval and final evals).
 
 Each eval logs ``mbpp_eval/pass_rate``, ``mbpp_eval/problems_passed`` (greedy) and, with
-``num_samples > 0``, ``mbpp_eval/pass@k``, at the trainer's global step; it writes every problem's
+``num_samples > 0``, ``mbpp_eval/pass@k`` (``humaneval_eval/...`` under ``benchmark: humaneval``),
+at the trainer's global step; it writes every problem's
 completion and verdict to ``<run dir>/eval/step_<n>.json``. ``MBPP_EVAL_NUM_QUESTIONS`` in the
 environment overrides ``num_questions``, e.g. for a quick check of a big
 recipe.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Literal
 
 import lightning as L
 import torch.distributed as dist
@@ -26,6 +28,7 @@ from rlcode.eval.policy_scoring import EvalReport, score_policy
 from rlcode.callbacks.run_dir import run_dir
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
+BENCHMARKS = ("mbpp", "humaneval")
 
 
 class MBPPEval(L.Callback):
@@ -42,6 +45,7 @@ class MBPPEval(L.Callback):
         timeout: float = 10.0,
         batch_size: int | None = None,
         sandbox_workers: int | None = None,
+        benchmark: Literal["mbpp", "humaneval"] = "mbpp",
     ) -> None:
         """Score the policy on the DataModule's eval split (``data.eval_split``).
 
@@ -59,7 +63,12 @@ class MBPPEval(L.Callback):
             batch_size: prompts generated together (speed only: greedy completions do not depend
                 on it); None: the DataModule's ``eval_batch_size`` (16 on CPU, 32 on a GPU by default).
             sandbox_workers: sandbox worker processes (None: the node's cores shared among its ranks).
+            benchmark: "mbpp" (the DataModule's ``eval_split``) or "humaneval" (HumanEval's 164
+                problems, which training never sees; also what ``rlcode validate`` / ``test`` score).
+                Metrics are ``<benchmark>_eval/...``.
         """
+        if benchmark not in BENCHMARKS:
+            raise ValueError(f"eval.benchmark must be one of {', '.join(BENCHMARKS)}, got {benchmark!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1 (or null: data.eval_batch_size), got {batch_size}")
         self.num_questions = num_questions
@@ -73,6 +82,7 @@ class MBPPEval(L.Callback):
         self.timeout = timeout
         self.batch_size = batch_size
         self.sandbox_workers = sandbox_workers
+        self.benchmark = benchmark
         self.history: list[dict] = []  # {"step", "pass_rate", "problems_passed", "path", ...}
         self._pool = None
         self._last_step: int | None = None
@@ -126,6 +136,11 @@ class MBPPEval(L.Callback):
         rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Before any dataloader exists: validate / test read the benchmark from the DataModule.
+        if hasattr(trainer.datamodule, "eval_benchmark"):
+            trainer.datamodule.eval_benchmark = self.benchmark
+
     def on_train_start(self, trainer, pl_module) -> None:
         already = any(entry["step"] == trainer.global_step for entry in self.history)
         if self.at_start and not already:
@@ -160,14 +175,15 @@ class MBPPEval(L.Callback):
 
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         # A line per batch while it runs; the last batch's is the summary line below.
-        progress = EvalProgress(f"MBPP eval at step {trainer.global_step} ({datamodule.eval_split})", len(tasks),
-                                last_line=False)
+        where = "humaneval" if self.benchmark == "humaneval" else datamodule.eval_split
+        label = "HumanEval" if self.benchmark == "humaneval" else "MBPP"
+        progress = EvalProgress(f"{label} eval at step {trainer.global_step} ({where})", len(tasks), last_line=False)
         report = score_policy(
             pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
-            split=datamodule.eval_split, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
+            split=where, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
             temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
             timeout=self.timeout, batch_size=self.batch_size or datamodule.resolved_eval_batch_size(),
-            progress=progress)
+            progress=progress, benchmark=self.benchmark)
         self._last_step = trainer.global_step
         path = None
         if trainer.is_global_zero:
@@ -179,7 +195,7 @@ class MBPPEval(L.Callback):
                 logger.save()
         self.history.append({"step": trainer.global_step, **report.metrics(), "pass_rate": report.pass_rate,
                              "num_questions": len(report.problems), "path": str(path) if path else None})
-        rank_zero_info(f"  MBPP eval at step {trainer.global_step} ({datamodule.eval_split}): pass rate "
+        rank_zero_info(f"  {label} eval at step {trainer.global_step} ({where}): pass rate "
                        f"{report.pass_rate:.2f} ({report.problems_passed}/{len(report.problems)}), "
                        f"{progress.problems_per_second:.2f} problems/s"
                        + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))

@@ -330,12 +330,16 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         return self.hparams.filter_zero_std_groups
 
     # ---- rlcode validate / test: greedy pass rate on MBPP ----------------------------------------
-    # Each returns its batch's EvalReport: the MBPP eval callback writes the per-problem results.
+    # Each returns its batch's EvalReport: the eval callback writes the per-problem results.
     def validation_step(self, batch: PromptBatch, batch_idx: int):
-        return self._log_greedy_pass_rate(batch, batch_idx, "mbpp_eval")
+        return self._log_greedy_pass_rate(batch, batch_idx, f"{self._eval_benchmark()}_eval")
 
     def test_step(self, batch: PromptBatch, batch_idx: int):
-        return self._log_greedy_pass_rate(batch, batch_idx, "mbpp_test")
+        return self._log_greedy_pass_rate(batch, batch_idx, f"{self._eval_benchmark()}_test")
+
+    def _eval_benchmark(self) -> str:
+        """"mbpp" or "humaneval" (``eval.benchmark``, passed on through the DataModule)."""
+        return getattr(getattr(self._trainer, "datamodule", None), "eval_benchmark", "mbpp")
 
     def _log_greedy_pass_rate(self, batch: PromptBatch, batch_idx: int, prefix: str):
         from rlcode.eval.policy_scoring import score_batch
@@ -344,8 +348,9 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         if self._eval_pool is None:
             self._eval_pool = self.sandbox_pool(self.hparams.reward_timeout)
         if batch_idx == 0:  # a new validate / test loop: count its problems from zero
-            testing = prefix == "mbpp_test"
-            self._eval_progress = EvalProgress("MBPP test" if testing else "MBPP validate",
+            testing = prefix.endswith("_test")
+            name = "HumanEval" if prefix.startswith("humaneval") else "MBPP"
+            self._eval_progress = EvalProgress(f"{name} test" if testing else f"{name} validate",
                                                problems_in_eval_loop(self.trainer, testing))
         report = score_batch(self, batch, self._eval_pool, split=prefix, progress=self._eval_progress)
         count = len(report.problems)

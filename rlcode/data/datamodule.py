@@ -119,6 +119,10 @@ class MBPPDataModule(L.LightningDataModule):
         self.num_eval_tasks = num_eval_tasks
         self.eval_batch_size = eval_batch_size
         self.train_tasks: list[MBPPTask] = []
+        # What validate / test and the eval callback score: "mbpp" (eval_split, and the test split for
+        # `rlcode test`) or "humaneval" (its 164 problems for both). Set by the eval callback
+        # (``eval.benchmark``), which owns the setting.
+        self.eval_benchmark = "mbpp"
         self.position = {"epoch": 0, "batch": 0}
         self._eval_tasks: list[MBPPTask] | None = None
 
@@ -153,9 +157,11 @@ class MBPPDataModule(L.LightningDataModule):
         return self._eval_loader(self.eval_tasks(self.num_eval_tasks))
 
     def test_dataloader(self):
-        """MBPP's test split (tasks 11-510) for ``rlcode test``."""
+        """MBPP's test split (tasks 11-510) for ``rlcode test`` (HumanEval under ``eval.benchmark: humaneval``)."""
         from rlcode.data.mbpp import load_mbpp
 
+        if self.eval_benchmark == "humaneval":
+            return self._eval_loader(self.eval_tasks(self.num_eval_tasks))
         tasks = load_mbpp(self.source, split="test")
         return self._eval_loader(tasks[: self.num_eval_tasks] if self.num_eval_tasks else tasks)
 
@@ -177,6 +183,8 @@ class MBPPDataModule(L.LightningDataModule):
         for start in range(0, len(tasks), size):
             batch = self.make_batch(tasks[start:start + size], 0, start)
             del batch["position"]  # evaluation never moves the training stream
+            if self.eval_benchmark == "humaneval":  # scoring runs prompt + completion (rlcode.data.humaneval)
+                batch["program_prefix"] = [t.program_prefix for t in tasks[start:start + size]]
             batches.append(batch)
         return DataLoader(batches, batch_size=None, num_workers=0)
 
@@ -215,7 +223,12 @@ class MBPPDataModule(L.LightningDataModule):
         }
 
     def eval_tasks(self, num_questions: int | None = None) -> list[MBPPTask]:
-        """The first ``num_questions`` tasks of ``eval_split`` (all when None), loaded once."""
+        """The first ``num_questions`` tasks of ``eval_split`` (all when None), loaded once; HumanEval's
+        problems instead under ``eval_benchmark == "humaneval"``."""
+        if self.eval_benchmark == "humaneval":
+            from rlcode.data.humaneval import load_humaneval
+
+            return load_humaneval(num_questions)
         if self._eval_tasks is None:
             from rlcode.data.mbpp import load_mbpp
 

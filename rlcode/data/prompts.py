@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Union
 
+from rlcode.data import humaneval
+from rlcode.data.humaneval import HumanEvalTask
+
 if TYPE_CHECKING:
     from rlcode.data.mbpp import MBPPTask
 
@@ -47,8 +50,10 @@ def plain_prompt(task: MBPPTask) -> str:
     return PLAIN_TEMPLATE.format(text=task.text.strip(), tests=_tests(task))
 
 
-def build_prompt(task: MBPPTask, prompt_format: PromptFormat = "chat") -> Prompt:
-    """Messages (``"chat"``) or text (``"plain"``) for one task."""
+def build_prompt(task: MBPPTask | HumanEvalTask, prompt_format: PromptFormat = "chat") -> Prompt:
+    """Messages (``"chat"``) or text (``"plain"``) for one task (HumanEval's: ``rlcode.data.humaneval``)."""
+    if isinstance(task, HumanEvalTask):
+        return humaneval.build_prompt(task, prompt_format)
     if prompt_format == "chat":
         return chat_messages(task)
     if prompt_format == "plain":

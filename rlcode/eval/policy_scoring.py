@@ -33,6 +33,7 @@ class BatchProblem:
     test_list: Sequence[str]
     test_setup_code: str = ""
     entry_point: str | None = None
+    program_prefix: str | None = None  # HumanEval's prompt (see rlcode.data.humaneval.program_for)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class EvalReport:
     temperature: float
     problems: list[ProblemResult]
     pass_at_k: dict[str, float] = field(default_factory=dict)
+    benchmark: str = "mbpp"  # names the metrics: "<benchmark>_eval/pass_rate", ...
 
     @property
     def problems_passed(self) -> int:
@@ -64,12 +66,14 @@ class EvalReport:
         return self.problems_passed / len(self.problems) if self.problems else 0.0
 
     def metrics(self) -> dict[str, float]:
-        metrics = {"mbpp_eval/pass_rate": self.pass_rate, "mbpp_eval/problems_passed": float(self.problems_passed)}
-        metrics.update({f"mbpp_eval/{name}": value for name, value in self.pass_at_k.items()})
+        prefix = f"{self.benchmark}_eval"
+        metrics = {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/problems_passed": float(self.problems_passed)}
+        metrics.update({f"{prefix}/{name}": value for name, value in self.pass_at_k.items()})
         return metrics
 
     def as_json(self) -> dict:
-        return {"step": self.step, "split": self.split, "num_questions": len(self.problems),
+        return {"step": self.step, "benchmark": self.benchmark, "split": self.split,
+                "num_questions": len(self.problems),
                 "pass_rate": self.pass_rate, "problems_passed": self.problems_passed,
                 "sample_temperature": self.temperature, **self.pass_at_k,
                 "problems": [asdict(p) for p in self.problems]}
@@ -77,7 +81,8 @@ class EvalReport:
 
 def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, *, step: int, split: str,
                  num_samples: int = 0, ks: Sequence[int] = (), temperature: float = 0.0, max_new_tokens: int,
-                 timeout: float, batch_size: int, progress: EvalProgress | None = None) -> EvalReport:
+                 timeout: float, batch_size: int, progress: EvalProgress | None = None,
+                 benchmark: str = "mbpp") -> EvalReport:
     """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
 
     ``prompts`` are rendered (one per problem); ``batch_size`` prompts of similar length are
@@ -115,20 +120,23 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
             result.sample_completions = [sampled[i] for i in rows]
             counts[result.task_id] = (num_samples, result.samples_passed)
         pass_at_k = mean_pass_at_k(counts, list(ks))
-    return EvalReport(step, split, temperature, results, pass_at_k)
+    return EvalReport(step, split, temperature, results, pass_at_k, benchmark)
 
 
 def score_batch(module, batch: dict, pool, *, split: str, progress: EvalProgress | None = None) -> EvalReport:
     """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns,
-    generated together (the DataModule's ``eval_batch_size`` sized the batch)."""
+    generated together (the DataModule's ``eval_batch_size`` sized the batch). A batch with a
+    ``program_prefix`` column is HumanEval's (``eval.benchmark: humaneval``)."""
     count = len(batch["task_id"])
     problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
                                                   batch.get("test_setup_code") or [""] * count,
-                                                  batch.get("entry_point") or [None] * count)]
+                                                  batch.get("entry_point") or [None] * count,
+                                                  batch.get("program_prefix") or [None] * count)]
     prompts = [module.render(prompt) for prompt in batch["prompt"]]
     return score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
                         max_new_tokens=module.hparams.max_new_tokens, timeout=module.hparams.reward_timeout,
-                        batch_size=len(prompts), progress=progress)
+                        batch_size=len(prompts), progress=progress,
+                        benchmark="humaneval" if batch.get("program_prefix") else "mbpp")
 
 
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
@@ -142,13 +150,13 @@ def _generate(module, prompts: list[str], per_prompt: int, temperature: float, m
 
 
 def _check_all(pool, problems: Sequence[Problem], completions: list[str], per_task: int, timeout: float) -> list:
-    from rlcode.rewards.extraction import extract_code
+    from rlcode.data.humaneval import program_for
     from rlcode.sandbox.verdict import check_program
 
     futures = []
     for index, completion in enumerate(completions):
         problem = problems[index // per_task]
-        code = extract_code(completion, problem.entry_point)
+        code = program_for(problem, completion)
         futures.append(check_program(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
                                      timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
     return [future.result() for future in futures]
