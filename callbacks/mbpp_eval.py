@@ -97,6 +97,9 @@ class MBPPEval(L.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._loop_reports: list = []
         datamodule = trainer.datamodule
+        # Before any dataloader exists: validate / test read the benchmark from the DataModule.
+        if hasattr(datamodule, "eval_benchmark"):
+            datamodule.eval_benchmark = self.benchmark
         if stage not in ("validate", "test") or not hasattr(datamodule, "num_eval_tasks"):
             return
         override = _environment_override()
@@ -136,11 +139,6 @@ class MBPPEval(L.Callback):
         rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # Before any dataloader exists: validate / test read the benchmark from the DataModule.
-        if hasattr(trainer.datamodule, "eval_benchmark"):
-            trainer.datamodule.eval_benchmark = self.benchmark
-
     def on_train_start(self, trainer, pl_module) -> None:
         already = any(entry["step"] == trainer.global_step for entry in self.history)
         if self.at_start and not already:

@@ -155,9 +155,14 @@ def test_the_eval_callback_and_validate_score_human_eval_when_asked(tasks):
     from rlcode.callbacks.mbpp_eval import MBPPEval
     from rlcode.data.datamodule import MBPPDataModule
 
+    trainer_with = lambda datamodule: type("Trainer", (), {"datamodule": datamodule})()  # noqa: E731
+    # validate scores eval.num_questions problems, as for MBPP (the first 3 here) ...
+    sized = MBPPDataModule(source="unused-for-humaneval", eval_batch_size=100)
+    MBPPEval(benchmark="humaneval", num_questions=3).setup(trainer_with(sized), None, "validate")
+    assert [len(b["task_id"]) for b in sized.val_dataloader()] == [3]
+    # ... and all 164 with eval.num_questions null
     datamodule = MBPPDataModule(source="unused-for-humaneval", eval_batch_size=100)
-    callback = MBPPEval(benchmark="humaneval")
-    callback.setup(type("Trainer", (), {"datamodule": datamodule})(), None, "validate")
+    MBPPEval(benchmark="humaneval", num_questions=None).setup(trainer_with(datamodule), None, "validate")
     assert datamodule.eval_tasks(5) == tasks[:5]
     batches = list(datamodule.val_dataloader())
     assert [len(b["task_id"]) for b in batches] == [100, 64]
