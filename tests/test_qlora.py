@@ -95,34 +95,6 @@ def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
     assert any(not torch.equal(p, start[n]) for n, p in adapters(module.policy).items())
 
 
-@pytest.mark.parametrize("merge", [False, True])
-def test_export_writes_what_transformers_loads(tmp_path, merge):
-    """``rlcode export``: a LoRA checkpoint becomes a peft adapter folder (or merged weights) that
-    ``AutoModelForCausalLM.from_pretrained`` loads, computing what the trained policy computes."""
-    from transformers import AutoModelForCausalLM
-
-    from rlcode.cli import main
-
-    module = build_module(lora=LORA)
-    trainer = fit_steps(module, steps=1)
-    path = tmp_path / "lora.ckpt"
-    trainer.save_checkpoint(path)
-    out = tmp_path / "export"
-    main(["export", "--ckpt", str(path), "--out", str(out), *(["--merge"] if merge else [])])
-    assert (out / ("model.safetensors" if merge else "adapter_model.safetensors")).is_file()
-    assert (out / "tokenizer_config.json").is_file()
-
-    loaded = AutoModelForCausalLM.from_pretrained(out)
-    ids = torch.tensor([[3, 17, 42, 99, 5]])
-    with torch.no_grad():
-        expected = module.policy(input_ids=ids).logits
-        got = loaded(input_ids=ids).logits
-        with module.policy.disable_adapter():
-            base = module.policy(input_ids=ids).logits
-    assert (expected - base).abs().max() > 1e-3, "the adapters must matter, or the comparison proves nothing"
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-
-
 def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
     from rlcode.cli import main
 
