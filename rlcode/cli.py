@@ -23,7 +23,6 @@ configs, so they cannot end up in the saved config.yaml.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.platform_profile import with_profile  # noqa: E402
-from rlcode.run_files import discard_unstarted  # noqa: E402
+from rlcode.run_files import discard_unstarted, find_last_checkpoint, resumed_step, version_of  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.quiet_output import (load_checkpoints_weights_only, quiet_library_noise,  # noqa: E402
                                  without_wandb_anonymous)
@@ -163,12 +162,12 @@ class RLCodeCLI(LightningCLI):
         _choose_precision(config, getattr(self, "_platform_profile", None))
         self._resume_version = self._resume_step = None
         if config.get("ckpt_path") == "last":
-            config["ckpt_path"], version = _find_last_checkpoint(config["run"])
+            config["ckpt_path"], version = find_last_checkpoint(config["run"])
         else:
-            version = _version_of(config.get("ckpt_path"), config["run"])
+            version = version_of(config.get("ckpt_path"), config["run"])
         if self.subcommand == "fit":
             self._resume_version = version  # keep writing into the interrupted run's directory
-            self._resume_step = _resumed_step(config["ckpt_path"], config["run"], version)
+            self._resume_step = resumed_step(config["ckpt_path"], config["run"], version)
         if self.subcommand == "fit" and config["trainer"].get("limit_val_batches") is None:
             # During fit the MBPP eval callback evaluates (on its own schedule); Lightning's
             # validation loop serves `rlcode validate`.
@@ -226,56 +225,6 @@ def _slurm_without_auto_requeue(trainer_config):
     if any(isinstance(p, ClusterEnvironment) or "Environment" in str(p) for p in trainer_config.get("plugins") or []):
         return None
     return SLURMEnvironment(auto_requeue=False)
-
-
-def _find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
-    """(path of the newest run's last.ckpt, its version number), or (None, None) to start fresh.
-
-    Under SLURM only runs of this job (``run.json``'s job id) count: a requeued job continues its
-    own run even if other runs of the experiment started meanwhile, and a new job starts fresh.
-    """
-    from rlcode.run_identity import read_run, slurm_job_id
-
-    folder = Path(run["root_dir"]) / run["experiment"]
-    job = slurm_job_id()
-    candidates = []
-    for path in folder.glob("version_*/checkpoints/last.ckpt"):
-        match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
-        if match and (job is None or read_run(path.parent.parent).get("slurm_job_id") == job):
-            candidates.append((int(match.group(1)), path))
-    if not candidates:
-        whose = f" of SLURM job {job}" if job else ""
-        print(f"--ckpt_path last: no checkpoint{whose} under {folder}/version_*/checkpoints/ yet, starting fresh",
-              file=sys.stderr)
-        return None, None
-    version, path = max(candidates)
-    print(f"resuming from {path}", file=sys.stderr)
-    return str(path), version
-
-
-def _version_of(ckpt_path: str | None, run: Any) -> int | None:
-    """N when ``ckpt_path`` lies in ``<root_dir>/<experiment>/version_N/checkpoints/``: that run goes on."""
-    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
-        return None
-    path = Path(ckpt_path).resolve()
-    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
-    experiment = (Path(run["root_dir"]) / run["experiment"]).resolve()
-    inside = match and path.parent.name == "checkpoints" and path.parent.parent.parent == experiment
-    return int(match.group(1)) if inside else None
-
-
-def _resumed_step(ckpt_path: str | None, run: Any, version: int | None) -> int | None:
-    """The step a run resumed in its own directory restarts at; its files lose the rows from there on."""
-    if version is None or not ckpt_path:
-        return None
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    from rlcode.run_files import checkpoint_step, trim_rollouts
-
-    step = checkpoint_step(ckpt_path)
-    if rank_zero_only.rank == 0:
-        trim_rollouts(Path(run["root_dir"]) / run["experiment"] / f"version_{version}", step)
-    return step
 
 
 def _loggers(run: RunSettings, version: int | None, resume_step: int | None = None) -> tuple[list, str]:

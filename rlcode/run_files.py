@@ -10,19 +10,27 @@ A command that fails before its run wrote anything of its own (a missing checkpo
 model, data that is not there) would leave a ``version_N`` holding only what every command writes
 first; ``discard_unstarted`` deletes such a directory, so the next run does not skip a number and
 ``--ckpt_path last`` has no empty runs to look through.
+
+Which checkpoint a run resumes from and which directory it goes on in is decided here too:
+``find_last_checkpoint`` (``--ckpt_path last``), ``version_of`` and ``resumed_step``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from rlcode.run_identity import read_run, slurm_job_id
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -105,3 +113,47 @@ def unstarted(folder: Path) -> bool:
             continue
         return False
     return True
+
+
+def find_last_checkpoint(run: Any) -> tuple[str | None, int | None]:
+    """(path of the newest run's last.ckpt, its version number), or (None, None) to start fresh.
+
+    Under SLURM only runs of this job (``run.json``'s job id) count: a requeued job continues its
+    own run even if other runs of the experiment started meanwhile, and a new job starts fresh.
+    """
+    folder = Path(run["root_dir"]) / run["experiment"]
+    job = slurm_job_id()
+    candidates = []
+    for path in folder.glob("version_*/checkpoints/last.ckpt"):
+        match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
+        if match and (job is None or read_run(path.parent.parent).get("slurm_job_id") == job):
+            candidates.append((int(match.group(1)), path))
+    if not candidates:
+        whose = f" of SLURM job {job}" if job else ""
+        print(f"--ckpt_path last: no checkpoint{whose} under {folder}/version_*/checkpoints/ yet, starting fresh",
+              file=sys.stderr)
+        return None, None
+    version, path = max(candidates)
+    print(f"resuming from {path}", file=sys.stderr)
+    return str(path), version
+
+
+def version_of(ckpt_path: str | None, run: Any) -> int | None:
+    """N when ``ckpt_path`` lies in ``<root_dir>/<experiment>/version_N/checkpoints/``: that run goes on."""
+    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
+        return None
+    path = Path(ckpt_path).resolve()
+    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
+    experiment = (Path(run["root_dir"]) / run["experiment"]).resolve()
+    inside = match and path.parent.name == "checkpoints" and path.parent.parent.parent == experiment
+    return int(match.group(1)) if inside else None
+
+
+def resumed_step(ckpt_path: str | None, run: Any, version: int | None) -> int | None:
+    """The step a run resumed in its own directory restarts at; its files lose the rows from there on."""
+    if version is None or not ckpt_path:
+        return None
+    step = checkpoint_step(ckpt_path)
+    if rank_zero_only.rank == 0:
+        trim_rollouts(Path(run["root_dir"]) / run["experiment"] / f"version_{version}", step)
+    return step

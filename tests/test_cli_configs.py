@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcode import cli
+from rlcode import cli, run_files
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
@@ -76,13 +76,13 @@ def test_no_slurm_environment_in_configs():
 
 def test_last_checkpoint_is_the_newest_version(tmp_path):
     run = {"root_dir": str(tmp_path), "experiment": "exp"}
-    assert cli._find_last_checkpoint(run) == (None, None)  # a first (requeueable) run starts fresh
+    assert run_files.find_last_checkpoint(run) == (None, None)  # a first (requeueable) run starts fresh
     for version in (0, 2, 10):
         folder = tmp_path / "exp" / f"version_{version}" / "checkpoints"
         folder.mkdir(parents=True)
         (folder / "last.ckpt").write_bytes(b"")
     (tmp_path / "exp" / "version_11").mkdir()  # a newer run that never saved
-    path, version = cli._find_last_checkpoint(run)
+    path, version = run_files.find_last_checkpoint(run)
     assert version == 10 and path.endswith("version_10/checkpoints/last.ckpt")
 
 
