@@ -24,11 +24,11 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlcode.eval.policy_scoring import EvalReport, score_policy
+from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, score_policy
 from rlcode.callbacks.run_dir import run_dir
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
-BENCHMARKS = ("mbpp", "humaneval")
+BENCHMARKS = tuple(BENCHMARK_NAMES)
 
 
 class MBPPEval(L.Callback):
@@ -174,7 +174,7 @@ class MBPPEval(L.Callback):
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         # A line per batch while it runs; the last batch's is the summary line below.
         where = "humaneval" if self.benchmark == "humaneval" else datamodule.eval_split
-        label = "HumanEval" if self.benchmark == "humaneval" else "MBPP"
+        label = BENCHMARK_NAMES[self.benchmark]
         progress = EvalProgress(f"{label} eval at step {trainer.global_step} ({where})", len(tasks), last_line=False)
         report = score_policy(
             pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,

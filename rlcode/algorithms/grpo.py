@@ -342,14 +342,14 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         return getattr(getattr(self._trainer, "datamodule", None), "eval_benchmark", "mbpp")
 
     def _log_greedy_pass_rate(self, batch: PromptBatch, batch_idx: int, prefix: str):
-        from rlcode.eval.policy_scoring import score_batch
+        from rlcode.eval.policy_scoring import BENCHMARK_NAMES, score_batch
         from rlcode.eval.progress import EvalProgress, problems_in_eval_loop
 
         if self._eval_pool is None:
             self._eval_pool = self.sandbox_pool(self.hparams.reward_timeout)
         if batch_idx == 0:  # a new validate / test loop: count its problems from zero
             testing = prefix.endswith("_test")
-            name = "HumanEval" if prefix.startswith("humaneval") else "MBPP"
+            name = BENCHMARK_NAMES[self._eval_benchmark()]
             self._eval_progress = EvalProgress(f"{name} test" if testing else f"{name} validate",
                                                problems_in_eval_loop(self.trainer, testing))
         report = score_batch(self, batch, self._eval_pool, split=prefix, progress=self._eval_progress)

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from rlcode.eval.policy_scoring import BENCHMARK_NAMES
+
 DEFAULT_TIMEOUT = 10.0
 DESCRIPTION = """Score MBPP completions in the sandbox.
 
@@ -76,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlcode-eval", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("samples", nargs="?", metavar="SAMPLES.jsonl")
-    parser.add_argument("--benchmark", choices=("mbpp", "humaneval"), default="mbpp",
+    parser.add_argument("--benchmark", choices=tuple(BENCHMARK_NAMES), default="mbpp",
                         help="mbpp (default) or humaneval (its 164 problems; --dataset/--split do not apply)")
     parser.add_argument("--dataset", default=None, help="mbpp.jsonl, sanitized-mbpp.json, a datasets "
                         "folder or file, or a hub id (default: $MBPP_DATASET_PATH)")

@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:
     from rlcode.eval.progress import EvalProgress
 
+# The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
+# progress lines show; a report's metrics are "<benchmark>_eval/...".
+BENCHMARK_NAMES = {"mbpp": "MBPP", "humaneval": "HumanEval"}
+
 
 class Problem(Protocol):
     """What scoring needs of a problem (an ``MBPPTask`` is one)."""
