@@ -175,6 +175,7 @@ class _Runner:
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.num_layers = config.num_hidden_layers
         self.checkpointed = _checkpointed_layers(model)
+        self.cache_keyword = cache_argument(model)
 
     def __call__(self, ids, mask, positions, past, *, last_only: bool):
         from transformers.cache_utils import DynamicCache
@@ -183,7 +184,7 @@ class _Runner:
         past = past or [(None, None)] * self.num_layers
         cache.layers = [_replay_safe_layer()(keys, values) for keys, values in past]
         extra = {} if self.hidden_states or not last_only else {"logits_to_keep": 1}
-        extra[cache_argument(self.model)] = cache
+        extra[self.cache_keyword] = cache
         for layer in self.checkpointed:  # keep the (replay-safe) cache under checkpointing, for this call
             layer._can_checkpoint_with_cache = True
         try:

@@ -60,6 +60,7 @@ class HFGenerateBackend:
         if not self.eos_token_ids:
             raise ValueError("No EOS token id found on the tokenizer or the model: pass eos_token_ids.")
         self.add_special_tokens = add_special_tokens
+        self._cache_keyword = cache_argument(model)  # read once: every decode step passes the cache by it
         self._stop_matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def generate(self, prompts: list[str], num_generations: int, params: SamplingParams) -> RolloutBatch:
@@ -187,7 +188,7 @@ class HFGenerateBackend:
             attention_mask=attention_mask,
             position_ids=positions,
             use_cache=True,
-            **{cache_argument(self.model): cache},
+            **{self._cache_keyword: cache},
         )
         return output.logits[:, -1, :]
 
