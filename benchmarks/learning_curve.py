@@ -28,6 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--window", type=int, default=5, help="steps averaged at the start and at the end")
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
-    parser.add_argument("--root", type=Path, default=Path("/tmp/rlcode-learning-curve"),
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "rlcode-learning-curve",
                         help="run directories go here (one experiment per seed)")
     parser.add_argument("--threads", type=int, help="torch threads of each run (default: torch's, one per core)")
     parser.add_argument("--vary-data-seed", action="store_true", help="also shuffle the prompts per seed")

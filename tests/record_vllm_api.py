@@ -16,8 +16,8 @@ it as data, ``vllm_api.json`` beside this file:
 
 Regenerate (about 340 MB download, seconds to parse):
 
-    pip download vllm==0.33.0 --no-deps -d /tmp/vllmwheel
-    python tests/record_vllm_api.py /tmp/vllmwheel/vllm-0.33.0-*.whl
+    pip download vllm==0.33.0 --no-deps -d WHEEL_DIR
+    python tests/record_vllm_api.py WHEEL_DIR/vllm-0.33.0-*.whl
 """
 
 from __future__ import annotations

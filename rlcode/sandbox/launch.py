@@ -267,7 +267,7 @@ def _covered(path: str, bound: list[str]) -> bool:
 
 def _parents_0755(path: str) -> list[str]:
     """bwrap (as root) creates the parents of a bind target 0700 on its tmpfs root; the sandbox
-    uids must traverse them (e.g. /root/.pyenv/versions/3.11.7), so create them 0755 first."""
+    uids must traverse them (e.g. a pyenv interpreter under root's home), so create them 0755 first."""
     args = []
     parts = Path(path).parts[1:-1]
     for i in range(len(parts)):
