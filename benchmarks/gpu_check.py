@@ -223,7 +223,7 @@ def check_shared_prefix(setup: Setup) -> dict:
     """Shared-prefix vs plain training pass in bf16 autocast: speed and log-prob agreement."""
     import torch
 
-    from rlcode.algorithms.sequence_logps import completion_logps
+    from rlcode.logprobs.sequence_logps import completion_logps
     from rlcode.models import load_model, load_tokenizer
 
     device = torch.device("cuda" if setup.cuda else "cpu")
@@ -296,11 +296,11 @@ def check_vllm(setup: Setup) -> dict:
         result["smoke_output"] = (smoke.stdout + smoke.stderr)[-2000:]
     else:
         result["smoke"] = "needs CUDA: not run"
-    from rlcode.algorithms.sequence_logps import completion_logps
+    from rlcode.logprobs.sequence_logps import completion_logps
     from rlcode.models import load_model, load_tokenizer
     from rlcode.rollout import SamplingParams, render_prompt
-    from rlcode.rollout.vllm_backend import VLLMBackend
-    from rlcode.rollout.vllm_engine import VLLMSettings
+    from rlcode.rollout.vllm.backend import VLLMBackend
+    from rlcode.rollout.vllm.engine import VLLMSettings
 
     device = torch.device("cuda" if setup.cuda else "cpu")
     policy = load_model(str(setup.folder), precision="bf16-true").to(device).eval()

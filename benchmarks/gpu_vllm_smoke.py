@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
     from rlcode.rollout import SamplingParams, render_prompt
-    from rlcode.rollout.vllm_backend import VLLMBackend
-    from rlcode.rollout.vllm_engine import VLLMSettings
+    from rlcode.rollout.vllm.backend import VLLMBackend
+    from rlcode.rollout.vllm.engine import VLLMSettings
 
     tokenizer = load_tokenizer(args.model)
     policy = load_model(args.model, precision=args.precision,
@@ -120,7 +120,7 @@ class FixedCompletionScores:
     def trainer(self) -> list[float]:
         import torch
 
-        from rlcode.algorithms.sequence_logps import completion_logps
+        from rlcode.logprobs.sequence_logps import completion_logps
 
         self.policy.eval()
         with torch.no_grad():
@@ -145,7 +145,7 @@ class FixedCompletionScores:
         """Adam steps on -log p(completion) until its mean per-token log-prob rose by ``target``."""
         import torch
 
-        from rlcode.algorithms.sequence_logps import completion_logps
+        from rlcode.logprobs.sequence_logps import completion_logps
 
         start = mean(self.trainer())
         optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad], lr=2e-4)

@@ -5,7 +5,7 @@ The model is the tiny-random architecture (Qwen2, 2 layers, 64 wide, tied embedd
 GRPO group at scale (4 completions x 512 tokens, 64-token prompts, one of them left-padded). Sides:
 
   before  the old rlcode code path (copied below): the model's full logits, per-row float32 log-softmax
-  after   rlcode.algorithms.sequence_logps.completion_logps: decoder body + chunked fused LM head
+  after   rlcode.logprobs.sequence_logps.completion_logps: decoder body + chunked fused LM head
   TRL     TRL 1.16 GRPOTrainer._get_per_token_logps_and_entropies (its fused, tiled LM head)
 
 Each side runs in a fresh interpreter with 1 torch thread: build the model and inputs, note the
@@ -127,7 +127,7 @@ def run_side(side: str, args, out: Path) -> None:
     if side == "before":
         function = _old_completion_logps
     elif side == "after":
-        from rlcode.algorithms.sequence_logps import completion_logps as function
+        from rlcode.logprobs.sequence_logps import completion_logps as function
     else:
         model, function = _trl_logps(model)
     prompt_ids, prompt_mask, completion_ids, completion_mask, weights = _inputs(args)

@@ -62,7 +62,7 @@ def run_side(share: bool, rows_path: Path, micro_batch: int, passes: int, model:
     """Forward + backward over the saved rows, ``passes`` times after a warm-up; best pass time."""
     import torch
 
-    from rlcode.algorithms.sequence_logps import completion_logps
+    from rlcode.logprobs.sequence_logps import completion_logps
     from rlcode.models import disable_dropout, load_model
 
     rows = torch.load(rows_path)

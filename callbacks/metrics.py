@@ -18,7 +18,7 @@ from typing import NamedTuple
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.training.step_record import StepRecord
 from rlcode.rewards.registry import REWARDS
 
 

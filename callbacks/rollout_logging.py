@@ -12,7 +12,7 @@ import json
 import lightning as L
 
 from rlcode.callbacks.run_dir import run_dir
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.training.step_record import StepRecord
 
 COLUMNS = ("step", "task_id", "prompt", "completion", "reward", "advantage", "verdict")
 

@@ -55,7 +55,7 @@ from rlcode.run_files import discard_unstarted, find_last_checkpoint, resumed_st
 from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.quiet_output import (load_checkpoints_weights_only, quiet_library_noise,  # noqa: E402
                                  without_wandb_anonymous)
-from rlcode.rollout.openai_client import ServedModelError  # noqa: E402
+from rlcode.rollout.openai.client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
 # Missing data, model, sandbox layer or served model, or a setting found wrong when the run starts:

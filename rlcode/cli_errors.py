@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from rlcode.algorithms.reward_factory import check_reward_names
+from rlcode.rewards.factory import check_reward_names
 from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODEL_CLASSES
 from rlcode.models.aliases import MODEL_ALIASES
 

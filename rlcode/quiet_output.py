@@ -72,7 +72,7 @@ def without_wandb_anonymous(logger):
 
 def load_checkpoints_weights_only(config) -> None:
     """``--weights_only`` unset: True. rlcode's checkpoints hold tensors and plain types only
-    (``rlcode.algorithms.resume_state``), so torch's safe unpickler loads them; Lightning >= 2.6 passes
+    (``rlcode.training.resume_state``), so torch's safe unpickler loads them; Lightning >= 2.6 passes
     the unset value on to torch, which on torch 2.4-2.5 then warns (a FutureWarning about
     ``weights_only=False``) at every resume, validate and test. Torch >= 2.6 already defaults to True."""
     if "weights_only" in config and config["weights_only"] is None:  # the argument exists from Lightning 2.6

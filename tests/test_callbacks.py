@@ -15,7 +15,7 @@ from rlcode.callbacks.plots import draw
 from rlcode.callbacks.rollout_logging import RolloutLogging, sample_rows
 from rlcode.callbacks.shutdown import GracefulShutdown
 from rlcode.callbacks.summary import summarize
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.training.step_record import StepRecord
 
 
 def record(**overrides) -> StepRecord:

@@ -110,7 +110,7 @@ def test_successful_predictions_count_counts_correct_predictions():
     """In episode modes `reward/successful_predictions_count` counts episodes that succeeded (here:
     correct predictions) among all episodes; an invalid program (success None) is a game without a correct prediction."""
     from rlcode.algorithms.code_game import CodeGame
-    from rlcode.algorithms.step_record import StepRecord
+    from rlcode.training.step_record import StepRecord
     from rlcode.callbacks.metrics import step_line, step_metrics, success_labels
 
     record = StepRecord(step=0, group_size=1, task_ids=["a", "b", "c"], prompts=["p"] * 3, completions=["c"] * 3,

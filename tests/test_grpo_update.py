@@ -61,7 +61,7 @@ def test_dropout_is_off_when_scoring():
     adapters moved off their zero init, so dropout matters) two train-mode passes give bit-identical
     log-probs after configure_model; with disable_dropout=False they differ (so the check can fail)."""
     from grpo_harness import fixed_rollout
-    from rlcode.algorithms.sequence_logps import completion_logps
+    from rlcode.logprobs.sequence_logps import completion_logps
 
     rollout = fixed_rollout([0, 1], 4)
 

@@ -81,7 +81,7 @@ def test_feedback_is_context_and_answers_are_the_trained_tokens(pool):
     from rlcode.algorithms.multistep import attempt_metrics
     from rlcode.algorithms.spiral import SPIRAL
     from rlcode.envs.runner import EpisodeRunner
-    from rlcode.envs.turn_samples import EpisodeTurns
+    from rlcode.training.turn_samples import EpisodeTurns
 
     module = SPIRAL(model_name="tiny-random", max_new_tokens=6)  # any module with a tiny policy
     module.configure_model()

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rlcode.rollout.openai_client import (OpenAIClient, OpenAISettings, SampleRequest, ServedModelError,
+from rlcode.rollout.openai.client import (OpenAIClient, OpenAISettings, SampleRequest, ServedModelError,
                                           parse_completion, request_body)
 
 MODELS = {"object": "list", "data": [{"id": "served-model", "object": "model"}]}
@@ -210,7 +210,7 @@ def test_vllm_token_ids_are_parsed_and_text_tokens_refused_for_training():
 
 
 def test_training_is_refused_unless_the_prompt_and_sampled_tokens_are_known():
-    from rlcode.rollout.openai_backend import OpenAIBackend
+    from rlcode.rollout.openai.backend import OpenAIBackend
 
     assert "chat template" in OpenAIBackend(OpenAISettings(api="chat")).training_unsupported_reason()
     assert "token ids" in OpenAIBackend(OpenAISettings(api="completions")).training_unsupported_reason()
@@ -221,7 +221,7 @@ def test_training_is_refused_unless_the_prompt_and_sampled_tokens_are_known():
 
 def test_fit_with_a_backend_that_cannot_train_is_one_error():
     from rlcode.algorithms.grpo import GRPO
-    from rlcode.rollout.openai_backend import OpenAIBackend
+    from rlcode.rollout.openai.backend import OpenAIBackend
 
     module = GRPO(model_name="tiny-random", rollout_backend="openai", num_generations=2)
     module.backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))
@@ -271,8 +271,8 @@ def test_eval_generate_refuses_to_overwrite_and_reports_an_unreachable_server(tm
 def test_rows_are_prompt_major_with_a_seed_per_sample_and_one_request_per_greedy_prompt(monkeypatch):
     """Batch assembly around the client (the HTTP side is the served tests'): requests and rows line up."""
     from rlcode.rollout import SamplingParams
-    from rlcode.rollout.openai_backend import OpenAIBackend
-    from rlcode.rollout.openai_client import ServedCompletion
+    from rlcode.rollout.openai.backend import OpenAIBackend
+    from rlcode.rollout.openai.client import ServedCompletion
     from rlcode.rollout.prompts import ChatPrompt
 
     backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))

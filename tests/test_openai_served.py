@@ -80,14 +80,14 @@ def server(tmp_path_factory):
 
 
 def settings(server: str, **extra):
-    from rlcode.rollout.openai_client import OpenAISettings
+    from rlcode.rollout.openai.client import OpenAISettings
 
     return OpenAISettings(base_url=server, model=MODEL, max_concurrency=2, timeout=120, **extra)
 
 
 def test_chat_groups_with_token_counts_and_logprobs(server):
     from rlcode.rollout import SamplingParams
-    from rlcode.rollout.openai_backend import OpenAIBackend
+    from rlcode.rollout.openai.backend import OpenAIBackend
     from rlcode.rollout.prompts import ChatPrompt
 
     backend = OpenAIBackend(settings(server))
@@ -108,7 +108,7 @@ def test_chat_groups_with_token_counts_and_logprobs(server):
 
 def test_completions_with_the_trainers_rendered_prompt(server):
     from rlcode.rollout import SamplingParams
-    from rlcode.rollout.openai_backend import OpenAIBackend
+    from rlcode.rollout.openai.backend import OpenAIBackend
 
     backend = OpenAIBackend(settings(server, api="completions"))
     rendered = "<|im_start|>user\nWrite a Python function add(a, b).<|im_end|>\n<|im_start|>assistant\n"
@@ -121,7 +121,7 @@ def test_completions_with_the_trainers_rendered_prompt(server):
 
 
 def test_a_wrong_model_name_lists_what_the_real_server_serves(server):
-    from rlcode.rollout.openai_client import OpenAIClient, OpenAISettings, ServedModelError
+    from rlcode.rollout.openai.client import OpenAIClient, OpenAISettings, ServedModelError
 
     with pytest.raises(ServedModelError, match=f"model 'gpt-4o' is not served at .*; it serves: {MODEL}"):
         OpenAIClient(OpenAISettings(base_url=server, model="gpt-4o")).model()

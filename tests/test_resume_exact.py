@@ -154,7 +154,7 @@ def test_two_interrupts_and_two_resumes_match_an_uninterrupted_run_with_only_las
 def test_resume_parts_round_trip_through_a_checkpoint():
     """A part registered in ``resume_parts`` (how per-role baselines of a multi-turn estimator join)
     and a stateful reward function get their saved state back at the first batch, as do the RNGs."""
-    from rlcode.algorithms.resume_state import ExactResume
+    from rlcode.training.resume_state import ExactResume
 
     class Baselines:
         def __init__(self):
@@ -191,7 +191,7 @@ def test_resume_parts_round_trip_through_a_checkpoint():
 def test_each_rank_takes_back_its_own_generator_states():
     """Under DDP the checkpoint holds every rank's RNG states (gathered when saving); rank r restores
     entry r, and a checkpoint of fewer ranks falls back to rank zero's."""
-    from rlcode.algorithms.resume_state import own_rng_states
+    from rlcode.training.resume_state import own_rng_states
 
     entry = {"rng_by_rank": [{"rank": 0}, {"rank": 1}]}
     assert own_rng_states(entry, 1) == {"rank": 1}

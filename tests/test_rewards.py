@@ -92,7 +92,7 @@ def test_a_reward_function_returning_none_leaves_the_others_in_the_total():
     only when every function returned None."""
     import math
 
-    from rlcode.algorithms.reward_mixture import RewardMixture
+    from rlcode.rewards.mixture import RewardMixture
 
     def first(prompts, completions, **columns):
         return [None, 1.0, None]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from exact_float64 import assert_float64_equal, in_float64
-from rlcode.algorithms import sequence_logps
-from rlcode.algorithms.sequence_logps import completion_logps, position_ids
+from rlcode.logprobs import sequence_logps
+from rlcode.logprobs.sequence_logps import completion_logps, position_ids
 
 TEMPERATURE = 0.7
 

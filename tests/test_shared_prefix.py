@@ -14,9 +14,9 @@ import torch
 from exact_float64 import assert_float64_equal, in_float64
 from float32_bounds import TermMagnitudes, gradient_bound, logp_bound, reduction_depth
 from grpo_harness import GradientRecorder, assert_same_gradients, build_module, fit_steps
-from rlcode.algorithms import sequence_logps, shared_prefix
-from rlcode.algorithms.prefix_tree import prefix_tree
-from rlcode.algorithms.sequence_logps import completion_logps
+from rlcode.logprobs import sequence_logps, shared_prefix
+from rlcode.logprobs.prefix_tree import prefix_tree
+from rlcode.logprobs.sequence_logps import completion_logps
 
 TEMPERATURE = 0.7
 VOCAB = 300

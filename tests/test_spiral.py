@@ -150,7 +150,7 @@ def test_trained_tokens_are_the_sampled_tokens_and_context_is_what_the_model_saw
     prompt of that turn, the mask covers the sampled tokens only, and opponent turns (and every
     observation or feedback) are never trained."""
     from rlcode.envs.opponents import PolicyOpponent
-    from rlcode.envs.turn_samples import EpisodeTurns
+    from rlcode.training.turn_samples import EpisodeTurns
 
     sampled = {}  # rendered prompt -> the ids the backend sampled for it
 

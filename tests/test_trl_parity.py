@@ -23,9 +23,9 @@ trl = pytest.importorskip("trl")
 
 from float32_bounds import TermMagnitudes, gamma, gradient_bound, logp_bound, reduction_depth  # noqa: E402
 from rlcode.algorithms.advantages import group_advantages  # noqa: E402
-from rlcode.algorithms import sequence_logps  # noqa: E402
+from rlcode.logprobs import sequence_logps  # noqa: E402
 from rlcode.algorithms.losses import LossTotals, policy_loss  # noqa: E402
-from rlcode.algorithms.sequence_logps import completion_logps  # noqa: E402
+from rlcode.logprobs.sequence_logps import completion_logps  # noqa: E402
 
 TEMPERATURE = 0.7
 MAX_COMPLETION_LENGTH = 8

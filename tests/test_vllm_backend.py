@@ -18,14 +18,14 @@ import torch
 import vllm_stand_in
 from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
 from rlcode.rollout import SamplingParams
-from rlcode.rollout.vllm_engine import (
+from rlcode.rollout.vllm.engine import (
     VLLMSettings,
     build_engine,
     engine_keywords,
     launcher_environment,
     placement_for,
 )
-from rlcode.rollout.vllm_requests import prompt_seeds
+from rlcode.rollout.vllm.requests import prompt_seeds
 
 PROMPTS = ["def add(a, b):", "class Stack:"]
 
@@ -125,7 +125,7 @@ def test_building_on_some_ranks_only_is_a_clear_error_not_a_hang(monkeypatch):
 
     from torch.distributed import HashStore
 
-    from rlcode.rollout.vllm_engine import EnginePlacement, wait_for_every_rank
+    from rlcode.rollout.vllm.engine import EnginePlacement, wait_for_every_rank
 
     store = HashStore()
     ranks = [EnginePlacement(rank=rank, local_rank=rank, world_size=2, distributed_ready=True) for rank in (0, 1)]
@@ -371,7 +371,7 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
     import tomllib
     from pathlib import Path
 
-    from rlcode.rollout.vllm_engine import TESTED_VLLM_VERSIONS
+    from rlcode.rollout.vllm.engine import TESTED_VLLM_VERSIONS
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{TESTED_VLLM_VERSIONS}"]
@@ -381,7 +381,7 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
 def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
     """vLLM holds the merged policy, which switching adapters off does not change: the opponent samples
     the adapter-free base with transformers, never through the engine."""
-    from rlcode.algorithms.frozen_policy import frozen_generator
+    from rlcode.training.frozen_policy import frozen_generator
     from rlcode.algorithms.spiral import SPIRAL
     from rlcode.rollout import HFGenerateBackend
 

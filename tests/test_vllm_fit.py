@@ -70,7 +70,7 @@ def test_turn_samples_keep_the_samplers_logprobs(tmp_path):
     """SPIRAL, multi-step and the code game share the episode runner: each learner turn keeps vLLM's
     log-probs of its sampled tokens, and the training rows carry them."""
     from rlcode.algorithms.spiral import SPIRAL
-    from rlcode.envs.turn_samples import EpisodeTurns
+    from rlcode.training.turn_samples import EpisodeTurns
     from test_spiral import ScriptedGame
 
     module = SPIRAL(model_name="tiny-random", rollout_backend="vllm", max_new_tokens=6, temperature=1.0,

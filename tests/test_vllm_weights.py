@@ -9,7 +9,7 @@ import torch
 import vllm_stand_in
 from exact_float64 import assert_float64_equal, in_float64
 from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
-from rlcode.rollout.vllm_weights import adapters_disabled, check_servable, peft_checkpoint_name, streamed_weights
+from rlcode.rollout.vllm.weights import adapters_disabled, check_servable, peft_checkpoint_name, streamed_weights
 
 
 def plain_names() -> list[str]:

@@ -17,9 +17,9 @@ from typing import Literal
 import torch
 
 from rlcode.algorithms.advantages import group_advantages
-from rlcode.algorithms.frozen_policy import frozen_copy, frozen_generator
+from rlcode.training.frozen_policy import frozen_copy, frozen_generator
 from rlcode.algorithms.grpo import GRPO
-from rlcode.rollout.openai_client import OpenAISettings
+from rlcode.rollout.openai.client import OpenAISettings
 
 
 class CodeGame(GRPO):
@@ -69,7 +69,7 @@ class CodeGame(GRPO):
     def collect(self, batch):
         from rlcode.envs.code_game import CodeGameEnv
         from rlcode.envs.runner import EpisodeRunner
-        from rlcode.envs.turn_samples import EpisodeTurns
+        from rlcode.training.turn_samples import EpisodeTurns
 
         hp = self.hparams
         if self._sandbox is None:

@@ -15,7 +15,7 @@ loss must be those of the policy that sampled, which generates in eval mode.
 
 Distributed: DDP. Each rank trains on its own prompts (the DataModule shards them), gradients are
 all-reduced once per optimizer update, and the ranks agree, in one all-reduce per step, on the loss
-normalisers, the batch reward std and whether to update (``rlcode.algorithms.all_ranks_totals``), so
+normalisers, the batch reward std and whether to update (``rlcode.training.all_ranks_totals``), so
 a 2-rank step equals a 1-rank step on the combined batch. FSDP is not supported: the step runs
 several forward/backward pairs and generation outside the wrapped module's forward.
 """
@@ -30,23 +30,23 @@ import lightning as L
 import torch
 
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
-from rlcode.algorithms.all_ranks_totals import sum_over_ranks
-from rlcode.algorithms.gradient_sync import clip_grad_norm
+from rlcode.training.all_ranks_totals import sum_over_ranks
+from rlcode.training.gradient_sync import clip_grad_norm
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
-from rlcode.algorithms.optimizer_steps import count_step_without_update
-from rlcode.algorithms.policy_update import update_policy
-from rlcode.algorithms.resume_state import ExactResume
-from rlcode.algorithms.reward_mixture import RewardMixture
-from rlcode.algorithms.policy_rollouts import PolicyRollouts
-from rlcode.algorithms.run_context import RunContext
-from rlcode.algorithms.sequence_logps import batched_completion_logps
-from rlcode.algorithms.experience import CompletionGroups, repeat_each
-from rlcode.algorithms.step_record import StepRecord, timed
+from rlcode.training.optimizer_steps import count_step_without_update
+from rlcode.training.policy_update import update_policy
+from rlcode.training.resume_state import ExactResume
+from rlcode.rewards.mixture import RewardMixture
+from rlcode.training.policy_rollouts import PolicyRollouts
+from rlcode.training.run_context import RunContext
+from rlcode.logprobs.sequence_logps import batched_completion_logps
+from rlcode.training.experience import CompletionGroups, repeat_each
+from rlcode.training.step_record import StepRecord, timed
 from rlcode.models.adapters import LoraSettings, Quantization
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
-from rlcode.rollout.openai_client import OpenAISettings
-from rlcode.rollout.vllm_engine import VLLMSettings
+from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.rollout.vllm.engine import VLLMSettings
 
 if TYPE_CHECKING:
     from rlcode.data.datamodule import PromptBatch
@@ -125,8 +125,8 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                 same GPU, given the weights before a generate whenever they changed) or "openai" (a
                 model behind an OpenAI-compatible server; with ``dry_run`` no local weights load).
             vllm: the vLLM engine's settings (memory, sleep mode, importance-sampling correction;
-                see ``rlcode.rollout.vllm_engine.VLLMSettings``); None: the defaults.
-            openai: the server's settings (``rlcode.rollout.openai_client.OpenAISettings``: base URL,
+                see ``rlcode.rollout.vllm.engine.VLLMSettings``); None: the defaults.
+            openai: the server's settings (``rlcode.rollout.openai.client.OpenAISettings``: base URL,
                 model, api, concurrency, retries; the key only from the environment); None: defaults.
             generation_seed: base seed of sampling; each step draws from (seed, step, rank), so a
                 resumed run samples what the uninterrupted one would have.
@@ -144,7 +144,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                 the whole group batch before each optimizer step.
             share_prefix: in every log-prob pass, run each prompt prefix the micro-batch's rows
                 share (a group's prompt, an episode's history) once and only the completions per
-                row: same log-probs and gradients, fewer tokens (``rlcode.algorithms.shared_prefix``).
+                row: same log-probs and gradients, fewer tokens (``rlcode.logprobs.shared_prefix``).
             filter_zero_std_groups: skip the backward pass of groups whose rewards are all equal: a
                 pure speed-up, the update is the same (with beta > 0 nothing is skipped, since the KL
                 term of such groups has a gradient).
@@ -224,7 +224,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             self.rewards = self._build_rewards()
 
     def _build_rewards(self) -> RewardMixture:
-        from rlcode.algorithms.reward_factory import build_rewards
+        from rlcode.rewards.factory import build_rewards
         from rlcode.run_identity import shared_run_id
 
         self.run_id = shared_run_id(self.trainer, self.run_id)  # tags the sandbox's executions of this run
@@ -243,7 +243,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
     def on_fit_start(self) -> None:
         reason = getattr(self.backend, "training_unsupported_reason", lambda: None)()
         if reason is not None and not self.hparams.dry_run:
-            from rlcode.rollout.openai_client import ServedModelError  # one line from `rlcode fit`, no traceback
+            from rlcode.rollout.openai.client import ServedModelError  # one line from `rlcode fit`, no traceback
 
             raise ServedModelError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
                              "(rollouts and rewards only), or rollout_backend hf or vllm to train")

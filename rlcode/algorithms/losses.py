@@ -113,7 +113,7 @@ def per_token_logps(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
     Memory: looping over rows bounds the float32 temporaries at [T, V] only without grad. With grad,
     ``logsumexp`` saves each row's scaled float32 copy for backward, so B x [T, V] float32 stays
     alive until backward, beside the caller's [B, T, V] logits during the forward. The training
-    path avoids both (``rlcode.algorithms.fused_head_logps`` never builds the logits); this
+    path avoids both (``rlcode.logprobs.fused_head_logps`` never builds the logits); this
     function is the fallback for heads that cannot be fused.
     """
     import torch

@@ -49,7 +49,7 @@ class MultiStepMBPP(GRPO):
     def collect(self, batch):
         from rlcode.envs.mbpp_feedback import MBPPFeedbackEnv
         from rlcode.envs.runner import EpisodeRunner
-        from rlcode.envs.turn_samples import EpisodeTurns
+        from rlcode.training.turn_samples import EpisodeTurns
 
         hp = self.hparams
         if self._sandbox is None:

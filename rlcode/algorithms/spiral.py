@@ -18,11 +18,11 @@ from typing import Literal
 
 import torch
 
-from rlcode.algorithms.frozen_policy import frozen_copy, frozen_generator
+from rlcode.training.frozen_policy import frozen_copy, frozen_generator
 from rlcode.algorithms.grpo import GRPO
 from rlcode.algorithms.role_baselines import RoleBaselines
 from rlcode.envs.moves import MoveFormat
-from rlcode.rollout.openai_client import OpenAISettings
+from rlcode.rollout.openai.client import OpenAISettings
 
 Opponent = Literal["self", "random", "frozen", "served"]
 
@@ -81,7 +81,7 @@ class SPIRAL(GRPO):
     # ---- the stages of a step --------------------------------------------------------------------
     def collect(self, batch):
         from rlcode.envs.runner import EpisodeRunner
-        from rlcode.envs.turn_samples import EpisodeTurns
+        from rlcode.training.turn_samples import EpisodeTurns
 
         hp = self.hparams
         runner = EpisodeRunner(self.render, self.turn_generator(hp.temperature), opponent=self._opponent())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from rlcode.rollout.base import SamplingParams
-    from rlcode.rollout.openai_client import OpenAISettings
+    from rlcode.rollout.openai.client import OpenAISettings
 
 
 class RandomLegalMover:
@@ -47,8 +47,8 @@ class ServedOpponent(PolicyOpponent):
         """
         from dataclasses import replace
 
-        from rlcode.rollout.openai_backend import OpenAIBackend
-        from rlcode.rollout.openai_client import as_settings
+        from rlcode.rollout.openai.backend import OpenAIBackend
+        from rlcode.rollout.openai.client import as_settings
         from rlcode.rollout.prompts import ChatPrompt
 
         settings = as_settings(settings)

@@ -51,7 +51,7 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from rlcode.rollout.openai_client import ServedModelError
+    from rlcode.rollout.openai.client import ServedModelError
 
     try:
         if args.doctor:
@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 def _generate(args) -> None:
     from rlcode.data.mbpp import MBPPDataError, load_mbpp
     from rlcode.eval.served_samples import write_served_samples
-    from rlcode.rollout.openai_client import OpenAISettings
+    from rlcode.rollout.openai.client import OpenAISettings
 
     path = Path(args.samples)
     if path.exists():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlcode.data.mbpp import MBPPTask
-    from rlcode.rollout.openai_client import OpenAISettings
+    from rlcode.rollout.openai.client import OpenAISettings
 
 
 def write_served_samples(path: Path, tasks: Sequence[MBPPTask], settings: OpenAISettings, *, num_samples: int,
@@ -24,7 +24,7 @@ def write_served_samples(path: Path, tasks: Sequence[MBPPTask], settings: OpenAI
     """Sample ``num_samples`` completions per task and write one ``{"task_id", "completion", ...}``
     line each to ``path``; returns the number of lines. Sample j of task i gets seed ``seed + i*n + j``."""
     from rlcode.data.prompts import STOP_SEQUENCES, build_prompt
-    from rlcode.rollout.openai_client import OpenAIClient, SampleRequest
+    from rlcode.rollout.openai.client import OpenAIClient, SampleRequest
 
     client = OpenAIClient(settings)
     requests = [SampleRequest(prompt=build_prompt(task, prompt_format), max_tokens=max_tokens,

@@ -13,7 +13,7 @@ def __getattr__(name: str):
 
         return HFGenerateBackend
     if name == "VLLMBackend":
-        from rlcode.rollout.vllm_backend import VLLMBackend
+        from rlcode.rollout.vllm.backend import VLLMBackend
 
         return VLLMBackend
     raise AttributeError(f"module 'rlcode.rollout' has no attribute {name!r}")

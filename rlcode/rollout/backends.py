@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from rlcode.rollout.openai_client import OpenAISettings
-    from rlcode.rollout.vllm_engine import VLLMSettings
+    from rlcode.rollout.openai.client import OpenAISettings
+    from rlcode.rollout.vllm.engine import VLLMSettings
 
 BackendName = Literal["hf", "vllm", "openai"]
 
@@ -27,13 +27,13 @@ def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
         return HFGenerateBackend(policy, tokenizer)
     if name == "vllm":
         from rlcode.models import resolve_model_source
-        from rlcode.rollout.vllm_backend import VLLMBackend
-        from rlcode.rollout.vllm_engine import VLLMSettings
+        from rlcode.rollout.vllm.backend import VLLMBackend
+        from rlcode.rollout.vllm.engine import VLLMSettings
 
         settings = VLLMSettings(**vllm) if isinstance(vllm, dict) else vllm
         return VLLMBackend(policy, tokenizer, resolve_model_source(model_name), settings=settings, seed=seed)
     if name == "openai":
-        from rlcode.rollout.openai_backend import OpenAIBackend
+        from rlcode.rollout.openai.backend import OpenAIBackend
 
         return OpenAIBackend(openai, tokenizer)
     raise ValueError(f"rollout_backend={name!r} is unknown: use 'hf', 'vllm' or 'openai'")

@@ -3,7 +3,7 @@ step's record for the callbacks.
 
 Training modes differ here and nowhere else in the step: single-turn GRPO samples G completions per
 prompt and scores them in the sandbox (``CompletionGroups``); multi-turn modes play episodes and
-train on each model turn with its player's return (``rlcode.envs.turn_samples.EpisodeTurns``). The
+train on each model turn with its player's return (``rlcode.training.turn_samples.EpisodeTurns``). The
 loss, the update and the callbacks see the same shapes either way.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.training.step_record import StepRecord
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from rlcode.algorithms.all_ranks_totals import AllRanksTotals
-    from rlcode.algorithms.reward_mixture import RewardJob, RewardOutcome
+    from rlcode.training.all_ranks_totals import AllRanksTotals
+    from rlcode.rewards.mixture import RewardJob, RewardOutcome
     from rlcode.rollout.base import RolloutBatch
 
 

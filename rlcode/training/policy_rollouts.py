@@ -51,8 +51,8 @@ class PolicyRollouts:
 
     def _configure_served_dry_run(self) -> None:
         from rlcode.models import load_tokenizer
-        from rlcode.rollout.openai_backend import OpenAIBackend
-        from rlcode.rollout.openai_client import as_settings
+        from rlcode.rollout.openai.backend import OpenAIBackend
+        from rlcode.rollout.openai.client import as_settings
 
         settings = as_settings(self.hparams.openai)
         # Chat: the server applies its template, nothing is loaded here. Completions: the trainer renders

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcode.algorithms.prefix_tree import PrefixTree
+from rlcode.logprobs.prefix_tree import PrefixTree
 from rlcode.models.cache_name import cache_argument
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ system block; the turn samples of one episode share its history, each turn's con
 previous one. The tree (a compressed trie of the rows' prompt token ids) holds each of those runs
 once, as the segment of one node; a row's prompt is the concatenation of the segments on the path
 from the top level to the node where it ends. Nodes are grouped by depth, so a forward pass can run
-one level at a time (``rlcode.algorithms.shared_prefix``).
+one level at a time (``rlcode.logprobs.shared_prefix``).
 """
 
 from __future__ import annotations

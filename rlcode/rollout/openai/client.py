@@ -1,7 +1,7 @@
 """Sampling from an OpenAI-compatible server (``vllm serve``, llama.cpp's server, OpenAI) over HTTP.
 
 Standard library only (urllib and threads), so ``rlcode-eval --generate`` stays free of torch; the
-rollout backend (``rlcode.rollout.openai_backend``) builds training batches on top of it.
+rollout backend (``rlcode.rollout.openai.backend``) builds training batches on top of it.
 
 - One request per sample (``n`` is not sent: llama.cpp's server ignores it), at most
   ``max_concurrency`` in flight; each has its own seed, so a group's samples differ reproducibly.

@@ -20,10 +20,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlcode.algorithms.fused_head_logps import fused_head_logps
+from rlcode.logprobs.fused_head_logps import fused_head_logps
 from rlcode.algorithms.losses import per_token_logps
-from rlcode.algorithms.prefix_tree import PrefixTree, prefix_tree
-from rlcode.algorithms.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
+from rlcode.logprobs.prefix_tree import PrefixTree, prefix_tree
+from rlcode.logprobs.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -57,7 +57,7 @@ def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, 
     0 where ``completion_mask`` is 0 (as TRL). Gradients flow when called with grad enabled; wrap in
     ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
     16M logits per chunk, see ``fused_head_logps``). ``share_prefix``: run each prompt prefix the
-    rows share once (``rlcode.algorithms.shared_prefix``) when that runs fewer tokens than the plain
+    rows share once (``rlcode.logprobs.shared_prefix``) when that runs fewer tokens than the plain
     pass and the model supports it; same log-probs and gradients.
     """
     import torch

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlcode.algorithms.gradient_sync import no_gradient_sync
+from rlcode.training.gradient_sync import no_gradient_sync
 from rlcode.algorithms.importance_correction import corrected_advantages, truncated_importance_weights, weight_metrics
 from rlcode.algorithms.losses import LossTotals, policy_loss
-from rlcode.algorithms.optimizer_steps import update
-from rlcode.algorithms.sequence_logps import completion_logps
+from rlcode.training.optimizer_steps import update
+from rlcode.logprobs.sequence_logps import completion_logps
 
 if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch

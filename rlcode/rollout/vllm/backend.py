@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import torch
 
 from rlcode.rollout.base import RolloutBatch, SamplingParams
-from rlcode.rollout.engine_weights import EngineWeights
+from rlcode.rollout.vllm.engine_weights import EngineWeights
 from rlcode.rollout.hf_backend import default_eos_token_ids
-from rlcode.rollout.vllm_engine import (
+from rlcode.rollout.vllm.engine import (
     TESTED_VLLM_VERSIONS,
     VLLMSettings,
     autocast_off,
@@ -37,14 +37,14 @@ from rlcode.rollout.vllm_engine import (
     engine_model,
     placement_for,
 )
-from rlcode.rollout.vllm_requests import (
+from rlcode.rollout.vllm.requests import (
     plan_requests,
     prompt_seeds,
     rollout_from_outputs,
     sampling_params_per_prompt,
     token_prompts,
 )
-from rlcode.rollout.vllm_weights import adapters_disabled, check_servable, streamed_weights
+from rlcode.rollout.vllm.weights import adapters_disabled, check_servable, streamed_weights
 
 
 class VLLMBackend:
@@ -110,7 +110,7 @@ class VLLMBackend:
         if adapters_disabled(self.policy):
             raise RuntimeError("generate() ran with the policy's LoRA adapters switched off, but the vLLM engine serves "
                                "the trained policy (adapters merged): sample the adapter-free base with the 'hf' "
-                               "backend (rlcode.algorithms.frozen_policy does).")
+                               "backend (rlcode.training.frozen_policy does).")
         plan = plan_requests(params, num_generations, self.settings.importance_sampling_correction)
         prompt_ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         self._check_lengths(prompt_ids, params.max_new_tokens)

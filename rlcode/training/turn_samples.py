@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlcode.algorithms.step_record import StepRecord
+from rlcode.training.step_record import StepRecord
 from rlcode.rollout.assembly import batch_from_token_lists
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""The colocated vLLM backend: engine construction, requests, and pushing the policy's weights."""
