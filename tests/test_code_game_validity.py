@@ -175,7 +175,8 @@ def test_smollm2_tokenizer_budget_and_added_tokens(pool, smollm2_tokenizer):
     code = "print('<file' + 'name>')"
     assert check_program(code, pool=pool, max_output_tokens=CPU_BUDGET).valid  # no tokenizer: nothing to know
     check = check_program(code, pool=pool, tokenizer=smollm2_tokenizer, max_output_tokens=CPU_BUDGET)
-    assert check.reason == "output contains special-token text '<filename>', which the predictor can neither read nor write"
+    assert check.reason == ("output contains special-token text '<filename>', which the predictor can neither "
+                            "read nor write")
     fine = check_program("print(sum(range(100)))", pool=pool, tokenizer=smollm2_tokenizer, max_output_tokens=CPU_BUDGET)
     assert fine == ProgramCheck(True, "4950", "")
 
@@ -198,8 +199,12 @@ def test_the_second_run_differs_in_what_reading_cannot_see(pool, monkeypatch):
                  "import time\nprint(time.localtime(0).tm_hour)"):
         check = check_program(code, timeout=2.0, pool=pool, max_output_tokens=CPU_BUDGET)
         assert check.reason == "not deterministic: the two runs printed different output", (code, check)
-    cpus = check_program("import os\nprint(len(os.sched_getaffinity(0)))", pool=pool, max_output_tokens=CPU_BUDGET)
-    assert not cpus.valid or cpus.output == "1", cpus
+    from rlcode.sandbox import Program
+
+    code = "import os\nprint(len(os.sched_getaffinity(0)))"
+    shown = int(pool.submit(Program(code)).result().stdout)  # how many CPUs the sandbox shows
+    cpus = check_program(code, pool=pool, max_output_tokens=CPU_BUDGET)
+    assert cpus.reason == ("not deterministic: the two runs printed different output" if shown > 1 else ""), cpus
 
 
 @pytest.mark.parametrize("output", ["3", "python\n3", "  indented\n\nblank line inside", "<output>x</output>",
@@ -217,7 +222,8 @@ def test_the_answer_format_carries_every_valid_output(output):
 @pytest.mark.parametrize("code", [
     "", "   \n", "\x00", "print(1)\x00", "print('a')" + "\n" * 100_000, "(" * 10_000, "x = " + "-" * 100_000 + "1",
     "print('\\udcff')", "print('\udcff')", "def f(:\n", "import", "from . import x", "print('" + "é" * 5000 + "')",
-    "import math\nprint(math.sys)", "print(" + "1 + " * 5000 + "1)", "x = " + "-" * 16_000 + "1", "raise SystemExit(0)", "print(end='')",
+    "import math\nprint(math.sys)", "print(" + "1 + " * 5000 + "1)", "x = " + "-" * 16_000 + "1",
+    "raise SystemExit(0)", "print(end='')",
     "print('x' * 10_000_000)", "print('\\x1b[31mred')", "print(' ' * 1000)",
 ])
 def test_the_guard_never_raises(pool, code):

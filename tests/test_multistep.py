@@ -162,7 +162,8 @@ def test_feedback_never_describes_a_hidden_test_when_the_process_dies_in_it(pool
     assert "40" not in first.messages[0]["content"]
     result = game.step(answer)
     feedback = result.next_turn.messages[-1]["content"]
-    assert "40" not in feedback and feedback.startswith("This test failed: `assert add(1, 2) == 3` (got -1, expected 3)")
+    assert "40" not in feedback
+    assert feedback.startswith("This test failed: `assert add(1, 2) == 3` (got -1, expected 3)")
     assert not result.info["success"] and "40" not in result.info["verdict"]
     last = game.step(answer)
     assert last.done and last.returns == {0: 0.0} and "40" not in last.info["verdict"]
@@ -195,5 +196,6 @@ def test_mbpp_has_challenge_tests_only_on_the_test_split():
     """The facts the refusal states, read from the data."""
     from rlcode.data.mbpp import load_mbpp
 
-    counts = {split: sum(bool(t.challenge_test_list) for t in load_mbpp(split=split)) for split in ("train", "validation", "test")}
+    counts = {split: sum(bool(t.challenge_test_list) for t in load_mbpp(split=split))
+              for split in ("train", "validation", "test")}
     assert counts == {"train": 0, "validation": 0, "test": 11}
