@@ -100,6 +100,12 @@ EVASIONS = {
     "an address": ("print(id(1))", "calls id (prints an object's memory address)"),
     "input": ("print(input())", "calls input"),
     "star import": ("from math import *\nprint(pi)", "imports * from math"),
+    "a string annotation singledispatch evaluates": (  # the error message would hold the directory
+        "from functools import singledispatch\n@singledispatch\ndef f(x):\n    pass\ntry:\n    @f.register\n"
+        "    def _(x: \"__import__('os').getcwd()\"):\n        pass\nexcept Exception as e:\n    print(e)",
+        "has a string annotation (typing tools evaluate it as code)"),
+    "pseudo-random draws in statistics": ("import statistics\nprint(statistics.NormalDist().samples(2, seed=1))",
+                                          "uses samples (draws pseudo-random numbers"),
 }
 ATTACKS = {**UNWRITABLE, **MACHINE, **INFEASIBLE, **EVASIONS}
 
@@ -258,3 +264,22 @@ def test_a_closed_pool_is_a_verdict_not_an_exception():
 def test_a_budget_without_room_for_an_output_is_refused(pool):
     with pytest.raises(ValueError, match="max_output_tokens=16 leaves no room"):
         CodeGameEnv(pool, theme="x", max_output_tokens=FORMAT_RESERVE_TOKENS)
+
+
+def test_the_static_rule_answers_every_mutation_of_a_program():
+    """Random cuts, splices and odd characters in real programs: the static rule returns a string for
+    each (no exception), and the output rule likewise for arbitrary text."""
+    import random
+
+    sources = [code for code, _ in ATTACKS.values()] + ["def f(n):\n    return [i * i for i in range(n)]\nprint(f(4))"]
+    odd = ["\x00", "\udcff", "é", "\u2028", "(", ")", ":", "\n", "    ", "'", '"""', "\\", "{0.x}", "<|", "|>", "```"]
+    rng = random.Random(0)
+    for _ in range(600):
+        text = rng.choice(sources)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randint(0, len(text))
+            text = text[:at] + rng.choice(odd + [rng.choice(sources)[:rng.randint(0, 30)]]) + text[at:]
+        if rng.random() < 0.3:
+            text = text[:rng.randint(0, len(text))]
+        assert isinstance(impurity(text), str)
+        assert isinstance(output_problem(text, max_output_tokens=CPU_BUDGET), str)

@@ -19,7 +19,9 @@ syntax tree in the trusted parent (it never runs the program):
   ``statistics.random``), a module used as a value instead of ``module.name``, private (``_x``)
   attributes the program does not define itself, attribute lookups by string
   (``operator.attrgetter``, ``string.Formatter``, ``typing.get_type_hints``, ``str.format`` with a
-  format string that is not a literal or whose fields read attributes, ``{0.x}``).
+  format string that is not a literal or whose fields read attributes, ``{0.x}``), string
+  annotations (``functools.singledispatch`` evaluates them with ``eval``), and the pseudo-random
+  draws a permitted module offers (``statistics.NormalDist.samples``).
 
 This is a filter against a writer that learns what wins, not a sandbox (the sandbox confines the
 program either way); the two runs with different hash seeds, clocks, directories and CPU sets
@@ -71,7 +73,9 @@ _INTERNAL_ATTRIBUTES = frozenset({"tb_frame", "tb_next", "f_back", "f_globals", 
                                   "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"})
 # Attribute lookups by string, and typing's evaluation of string annotations (eval).
 _LOOKUP_BY_STRING = frozenset({"attrgetter", "methodcaller", "Formatter", "get_type_hints", "ForwardRef",
-                               "vformat", "get_field"})
+                               "vformat", "get_field", "_evaluate", "_eval_type"})
+# Pseudo-random draws inside a permitted module (statistics.NormalDist.samples seeds a random.Random).
+_PSEUDO_RANDOM = frozenset({"samples"})
 # Public names that start with an underscore (namedtuple's API, enum's hooks).
 _PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_value_", "_name_",
                                 "_missing_", "_generate_next_value_", "_ignore_", "_order_"})
@@ -153,6 +157,9 @@ def _node_problem(node: ast.AST, modules: dict, own: set, parents: dict) -> str:
             return f"calls {node.id} ({REFUSED_BUILTINS[node.id]})"
         if node.id.startswith("__") and node.id not in SAFE_DUNDER_NAMES:
             return f"uses {node.id} (the interpreter's internals)"
+    for annotation in _annotations(node):  # typing tools (functools.singledispatch) eval string annotations
+        if any(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in ast.walk(annotation)):
+            return "has a string annotation (typing tools evaluate it as code)"
     if isinstance(node, ast.MatchClass):  # `case C(attr=...)` reads attributes by name
         for attr in node.kwd_attrs:
             problem = _attribute_problem(None, attr, own)
@@ -172,6 +179,16 @@ def _node_problem(node: ast.AST, modules: dict, own: set, parents: dict) -> str:
     return ""
 
 
+def _annotations(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.arg):
+        return [node.annotation] if node.annotation is not None else []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [node.returns] if node.returns is not None else []
+    if isinstance(node, ast.AnnAssign):
+        return [node.annotation]
+    return []
+
+
 def _attribute_problem(module: types.ModuleType | None, attr: str, own: set) -> str:
     if attr.startswith("__") and attr.endswith("__") and attr not in SAFE_DUNDERS:
         return f"reads {attr} (the interpreter's internals)"
@@ -179,6 +196,8 @@ def _attribute_problem(module: types.ModuleType | None, attr: str, own: set) -> 
         return f"reads {attr} (frames lead to the interpreter's internals)"
     if attr in _LOOKUP_BY_STRING:
         return f"uses {attr} (looks attributes up or evaluates code by string)"
+    if attr in _PSEUDO_RANDOM:
+        return f"uses {attr} (draws pseudo-random numbers, which no reader can work out)"
     if attr.startswith("_") and not attr.startswith("__") and attr not in own and attr not in _PUBLIC_UNDERSCORE:
         return f"reads the private attribute {attr}"
     if module is not None:
