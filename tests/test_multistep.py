@@ -196,6 +196,11 @@ def test_mbpp_has_challenge_tests_only_on_the_test_split():
     """The facts the refusal states, read from the data."""
     from rlcode.data.mbpp import load_mbpp
 
-    counts = {split: sum(bool(t.challenge_test_list) for t in load_mbpp(split=split))
-              for split in ("train", "validation", "test")}
-    assert counts == {"train": 0, "validation": 0, "test": 11}
+    from rlcode.envs.mbpp_feedback import require_challenge_tests
+
+    tasks = {split: load_mbpp(split=split) for split in ("train", "validation", "test")}
+    assert {split: sum(bool(t.challenge_test_list) for t in rows) for split, rows in tasks.items()} == \
+        {"train": 0, "validation": 0, "test": 11}
+    with pytest.raises(ValueError, match="374 of the 374 train tasks have no challenge_test_list"):
+        require_challenge_tests(tasks["train"], "train")
+    require_challenge_tests([t for t in tasks["test"] if t.challenge_test_list], "test")

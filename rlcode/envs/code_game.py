@@ -58,6 +58,8 @@ from rlcode.envs.pure_source import PURE_MODULES, impurity
 from rlcode.envs.writable_output import (DEFAULT_MAX_OUTPUT_TOKENS, FORMAT_RESERVE_TOKENS, check_budget,
                                          output_budget, output_problem, special_strings, text_problem)
 from rlcode.rewards.extraction import extract_code, fenced_blocks
+from rlcode.sandbox import SandboxPool
+from rlcode.sandbox.result import Program, Status
 
 __all__ = ["DEFAULT_MAX_OUTPUT_TOKENS", "FORMAT_RESERVE_TOKENS", "MAX_OUTPUT", "CodeGameEnv", "ProgramCheck",
            "check_program", "extract_prediction", "normalise_output", "output_budget", "start_check"]
@@ -152,8 +154,6 @@ def start_check(code: str, timeout: float = 5.0, *, pool=None, tokenizer=None,
 
 
 def _start_check(code, timeout, pool, tokenizer, max_output_tokens, specials):
-    from rlcode.sandbox.result import Program, Status
-
     if not isinstance(code, str) or not code.strip():
         return lambda: ProgramCheck(False, None, "no program")
     static = impurity(code) or text_problem(code, specials, "the program's text")
@@ -161,8 +161,6 @@ def _start_check(code, timeout, pool, tokenizer, max_output_tokens, specials):
         return lambda: ProgramCheck(False, None, static)
     owned = pool is None
     if owned:
-        from rlcode.sandbox import SandboxPool
-
         pool = SandboxPool(workers=1, timeout=2 * timeout + 5)
     nonce = secrets.token_hex(16)
     # Fresh random hash seeds every check: with fixed ones a writer could find a set whose order

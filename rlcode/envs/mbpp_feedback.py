@@ -123,11 +123,12 @@ def feedback_text(verdict, shown: list[str], timeout: float) -> str:
     return f"Your code did not pass the tests ({verdict.reason}). {ask}"
 
 
-def require_challenge_tests(tasks: Iterable[Mapping], split: str) -> None:
+def require_challenge_tests(tasks: Iterable, split: str) -> None:
     """Refuse ``hidden_tests: challenge`` on tasks without MBPP challenge tests, in one line, before
-    training starts (``tasks``: rows with a ``challenge_test_list``)."""
+    training starts (``tasks``: ``MBPPTask`` objects or rows with a ``challenge_test_list``)."""
     rows = list(tasks)
-    missing = sum(1 for row in rows if not row.get("challenge_test_list"))
+    missing = sum(1 for row in rows if not (row.get("challenge_test_list") if isinstance(row, Mapping)
+                                            else getattr(row, "challenge_test_list", None)))
     if missing:
         raise ValueError(f"hidden_tests: challenge, but {missing} of the {len(rows)} {split} tasks have no "
                          f"challenge_test_list asserts ({CHALLENGE_NOTE}): use hidden_tests: held_out")
