@@ -283,3 +283,30 @@ def test_the_static_rule_answers_every_mutation_of_a_program():
             text = text[:rng.randint(0, len(text))]
         assert isinstance(impurity(text), str)
         assert isinstance(output_problem(text, max_output_tokens=CPU_BUDGET), str)
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("def reverse(input):\n    return input[::-1]\nprint(reverse('abc'))", ""),  # a parameter named input
+    ("def g():\n    id = 3\n    def h():\n        return id\n    return h()\nprint(g())", ""),  # an enclosing local
+    ("f = lambda hash: hash * 2\nprint(f(21))", ""),
+    ("print(open('/proc/1/stat').read())\nopen = print", "calls open"),  # the use comes before the rebinding
+    ("class A:\n    x = open('/proc/1/stat').read()\n    open = 1\nprint(A.x)", "calls open"),
+    ("def f():\n    global open\n    return open('/proc/1/stat').read()\nprint(f())", "calls open"),
+    ("def f(x):\n    return x\nprint(f(id)(1))", "calls id"),
+])
+def test_a_builtins_name_counts_only_where_it_means_the_builtin(code, reason):
+    assert (impurity(code) or "").startswith(reason) and bool(impurity(code)) == bool(reason), impurity(code)
+
+
+def test_the_static_rule_refuses_few_mbpp_reference_solutions():
+    """Ordinary code: of MBPP's 974 reference solutions (functions written for the benchmark, not for
+    this game) the static rule refuses 10, each for a real dependence on the machine or an unchecked
+    format string: sys.maxsize / sys.getsizeof (8), datetime (1), a format string held in a variable (1)."""
+    import collections
+
+    from rlcode.data.mbpp import load_mbpp
+
+    refused = collections.Counter(impurity(task.code).split(" (")[0] for task in load_mbpp(split="all")
+                                  if impurity(task.code))
+    assert refused == collections.Counter({"uses sys": 8, "uses datetime": 1,
+                                           "formats with a format string that is not a literal or reads attributes": 1})

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import importlib
 import string
+import symtable
 import types
 import warnings
 
@@ -51,6 +52,7 @@ PURE_MODULES = {
     "statistics": "statistics of the program's numbers", "numbers": "numeric abstract classes",
     "dataclasses": "class boilerplate", "typing": "annotations (get_type_hints and ForwardRef are refused)",
     "enum": "enumerations", "copy": "copies of the program's objects", "textwrap": "text layout",
+    "array": "typed arrays of numbers",
 }
 
 REFUSED_BUILTINS = {
@@ -106,6 +108,9 @@ def _impurity(code: str) -> str:
         problem = _import_problem(node, modules)
         if problem:
             return problem
+    problem = _builtin_problem(code)
+    if problem:
+        return problem
     own = _own_attributes(tree)
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
@@ -151,10 +156,33 @@ def _own_attributes(tree: ast.AST) -> set[str]:
     return names
 
 
+def _builtin_problem(code: str) -> str:
+    """A refused builtin's name used where it means the builtin. A function's own parameter or local
+    called ``input`` or ``id`` is the program's business (a function's locals are local for its whole
+    body, and a free name is an enclosing function's local); at module or class level any use counts,
+    since there a later assignment does not stop an earlier use from reaching the builtin."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pending = [symtable.symtable(code, "<program>", "exec")]
+    except SyntaxError as e:  # what only the compiler's later passes see (`nonlocal x` at module level)
+        return f"not valid Python ({e.msg})"
+    while pending:
+        table = pending.pop()
+        pending.extend(table.get_children())
+        in_function = table.get_type() == "function"
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if name not in REFUSED_BUILTINS or not symbol.is_referenced():
+                continue
+            if in_function and (symbol.is_parameter() or symbol.is_local() or symbol.is_free()):
+                continue
+            return f"calls {name} ({REFUSED_BUILTINS[name]})"
+    return ""
+
+
 def _node_problem(node: ast.AST, modules: dict, own: set, parents: dict) -> str:
     if isinstance(node, ast.Name):
-        if node.id in REFUSED_BUILTINS:
-            return f"calls {node.id} ({REFUSED_BUILTINS[node.id]})"
         if node.id.startswith("__") and node.id not in SAFE_DUNDER_NAMES:
             return f"uses {node.id} (the interpreter's internals)"
     for annotation in _annotations(node):  # typing tools (functools.singledispatch) eval string annotations
