@@ -76,8 +76,7 @@ WRITER_PROMPT = (
 PREDICTOR_PROMPT = (
     "You are the predictor in a code game. Read this Python program and predict exactly what it "
     "prints.\n\n```python\n{program}\n```\n\n"
-    "Reply with the exact output inside a ``` block, starting on the line after the opening ```:\n"
-    "```\n<the output>\n```")
+    "Reply with the exact output in a ``` block (the output starts on the line after the opening ```).")
 
 _WRAPPER = r'''
 import json, os, subprocess, sys, time
@@ -187,9 +186,12 @@ def _start_check(code, timeout, pool, tokenizer, max_output_tokens, specials):
         if Status(outcome.status) is not Status.OK:
             return ProgramCheck(False, None, f"sandbox: {Status(outcome.status).value}")
         reports = [line for line in outcome.stdout.splitlines() if nonce in line]
-        if len(reports) != 1:
+        try:
+            check = _judge(json.loads(reports[0])["runs"]) if len(reports) == 1 else None
+        except (ValueError, KeyError, TypeError):
+            check = None
+        if check is None:
             return ProgramCheck(False, None, "no single report from the runs")
-        check = _judge(json.loads(reports[0])["runs"])
         if check.valid:
             problem = output_problem(check.output, tokenizer=tokenizer, max_output_tokens=max_output_tokens,
                                      specials=specials)
