@@ -23,9 +23,13 @@ syntax tree in the trusted parent (it never runs the program):
   annotations (``functools.singledispatch`` evaluates them with ``eval``), and the pseudo-random
   draws a permitted module offers (``statistics.NormalDist.samples``).
 
-This is a filter against a writer that learns what wins, not a sandbox (the sandbox confines the
-program either way); the two runs with different hash seeds, clocks, directories and CPU sets
-(``rlcode.envs.code_game``) back it up for what reading cannot see, such as printed addresses.
+Why reading decides, not running: two runs on one machine see the same boot id, ``/proc`` times,
+``sys.version``, cpu count and directory listings, and ``os.getcwd``, ``os.stat`` and
+``os.cpu_count`` raise no audit event a runtime hook could refuse. The two runs with different hash
+seeds, clocks, directories and CPU sets (``rlcode.envs.code_game``) back the rule up for what
+reading cannot see, such as printed addresses and set order. It is a filter against a writer that
+learns what wins, not a sandbox (the sandbox confines the program either way); a route it misses
+is a bug to add here, with a test.
 """
 
 from __future__ import annotations
