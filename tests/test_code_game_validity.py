@@ -148,6 +148,7 @@ def test_ordinary_deterministic_programs_are_valid_with_their_output(pool, code,
 def test_the_token_budget_is_the_predictors_tokens_less_the_format(pool, tiny_tokenizer):
     """With the predictor's tokenizer the bound is its token count; without one, one byte per token."""
     assert output_budget(CPU_BUDGET) == CPU_BUDGET - FORMAT_RESERVE_TOKENS == 112
+    assert output_budget(512) == 496 and output_budget(16) == 8  # the reserve is at most half the answer
     code = "for _ in range(10):\n    print('return a + b')"  # 129 bytes, 69 tiny-random tokens
     text = "\n".join(["return a + b"] * 10)
     assert len(text.encode()) == 129 and len(tiny_tokenizer.encode(text, add_special_tokens=False)) == 69
@@ -262,8 +263,9 @@ def test_a_closed_pool_is_a_verdict_not_an_exception():
 
 
 def test_a_budget_without_room_for_an_output_is_refused(pool):
-    with pytest.raises(ValueError, match="max_output_tokens=16 leaves no room"):
-        CodeGameEnv(pool, theme="x", max_output_tokens=FORMAT_RESERVE_TOKENS)
+    with pytest.raises(ValueError, match="max_output_tokens=1 leaves no room for an output"):
+        CodeGameEnv(pool, theme="x", max_output_tokens=1)
+    assert CodeGameEnv(pool, theme="x", max_output_tokens=2).max_output_tokens == 2  # one token of output
 
 
 def test_the_static_rule_answers_every_mutation_of_a_program():

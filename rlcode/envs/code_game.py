@@ -24,9 +24,9 @@ that is hard to reason about. A program is valid only if
    e.g. ``<|im_end|>``, which would be encoded as that token in the predictor's prompt and which
    the predictor cannot emit either; and always the generic ``<|...|>`` pattern); no code fence
    (`````), which the answer format cannot carry; and at most ``max_output_tokens -
-   FORMAT_RESERVE_TOKENS`` tokens under the predictor's tokenizer (``max_output_tokens`` is the
-   predictor's ``max_new_tokens``; the reserve pays for the fences, the end-of-sequence token and a
-   short lead-in). Without a tokenizer the bound is that many UTF-8 bytes: a byte-level BPE (or
+   FORMAT_RESERVE_TOKENS`` (16) tokens under the predictor's tokenizer (``max_output_tokens`` is the
+   predictor's ``max_new_tokens``; the reserve, at most half of it, pays for the fences, the
+   end-of-sequence token and a short lead-in). Without a tokenizer the bound is that many UTF-8 bytes: a byte-level BPE (or
    byte-fallback) tokenizer never spends more than one token per byte, so the bound is safe for any
    of them, if 3-4 times stricter than typical text needs.
 

@@ -13,7 +13,7 @@ FENCE = "```"
 FORMAT_RESERVE_TOKENS = 16
 """Tokens of the predictor's ``max_new_tokens`` kept for the answer format: the opening and closing
 fences (2-4 tokens in byte-level BPE tokenizers), the end-of-sequence token and a short lead-in such
-as "The output is:" (4-6 tokens)."""
+as "The output is:" (4-6 tokens); at most half of ``max_new_tokens`` (smoke configs answer in 16)."""
 DEFAULT_MAX_OUTPUT_TOKENS = 128
 """The CPU recipe's predictor ``max_new_tokens`` (configs/code_game.yaml), used when none is given."""
 _SPECIAL_PATTERN = re.compile(r"<\|[^|\s'\"<>]{1,64}\|>")  # <|im_end|>, <|endoftext|>, <|eot_id|>, ...
@@ -22,14 +22,14 @@ _ALLOWED_CONTROLS = frozenset("\n\t")
 
 def output_budget(max_output_tokens: int) -> int:
     """How many tokens an output may take when the predictor answers in ``max_output_tokens``."""
-    return max_output_tokens - FORMAT_RESERVE_TOKENS
+    return max_output_tokens - min(FORMAT_RESERVE_TOKENS, (max_output_tokens + 1) // 2)
 
 
 def check_budget(max_output_tokens: int) -> None:
     """Refuse a budget that leaves no room for any output (a configuration error)."""
     if output_budget(max_output_tokens) < 1:
-        raise ValueError(f"max_output_tokens={max_output_tokens} leaves no room for an output: the answer "
-                         f"format needs {FORMAT_RESERVE_TOKENS} tokens; give the predictor's max_new_tokens")
+        raise ValueError(f"max_output_tokens={max_output_tokens} leaves no room for an output after the answer "
+                         "format: give the predictor's max_new_tokens (at least 2)")
 
 
 def special_strings(tokenizer) -> tuple[str, ...]:
