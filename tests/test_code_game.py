@@ -22,20 +22,21 @@ def pool():
 
 
 INVALID = {
-    "time": ("import time\nprint(time.time())", "not deterministic"),
-    "random without a seed": ("import random\nprint(random.random())", "not deterministic"),
-    "process id": ("import os\nprint(os.getpid())", "not deterministic"),
-    "object address": ("print(id(object()))", "not deterministic"),
+    "time": ("import time\nprint(time.time())", "uses time (not a pure-computation module)"),
+    "random without a seed": ("import random\nprint(random.random())", "uses random"),
+    "process id": ("import os\nprint(os.getpid())", "uses os"),
+    "object address": ("print(id(object()))", "calls id"),
+    "object address in a repr": ("print(object())", "not deterministic"),
     "hash order of a str set": ("print({'apple', 'banana', 'cherry', 'date', 'elder', 'fig', 'grape', 'kiwi'})",
                                 "not deterministic"),
-    "uuid": ("import uuid\nprint(uuid.uuid4())", "not deterministic"),
-    "os.urandom": ("import os\nprint(os.urandom(8).hex())", "not deterministic"),
-    "the environment": ("import os\nprint(sorted(os.environ))\nprint(os.environ.get('RLCODE_GAME_RUN'))",
-                        "not deterministic"),
-    "the local time zone": ("import time\nprint(time.localtime(0).tm_hour)", "not deterministic"),
-    "input()": ("print(input())", "EOFError"),
+    "uuid": ("import uuid\nprint(uuid.uuid4())", "uses uuid"),
+    "os.urandom": ("import os\nprint(os.urandom(8).hex())", "uses os"),
+    "the environment": ("import os\nprint(sorted(os.environ))\nprint(os.environ.get('RLCODE_GAME_RUN'))", "uses os"),
+    "the local time zone": ("import time\nprint(time.localtime(0).tm_hour)", "uses time"),
+    "input()": ("print(input())", "calls input"),
+    "reads stdin without input()": ("print(len(open(0).read()))", "calls open"),
     "prints nothing": ("x = 2 + 2", "printed nothing"),
-    "prints too much": ("print('x' * 10000)", "more than 4096 bytes"),
+    "prints too much": ("print('x' * 10000)", "output too long for the predictor: more than 4096 bytes"),
     "never stops": ("while True:\n    pass", "did not finish in time"),
     "exits non-zero": ("print(1)\nraise SystemExit(3)", "failed"),
 }
@@ -50,7 +51,7 @@ def test_the_guard_refuses_what_cannot_be_predicted(pool, name):
 
 @pytest.mark.parametrize("code, output", [
     ("print(sum(i * i for i in range(5)))", "30"),
-    ("import random\nrandom.seed(7)\nprint(random.randint(0, 10 ** 9))", None),  # seeded: deterministic
+    ("import math\nprint(math.factorial(10), math.isqrt(99))", "3628800 9"),
     ("print(sorted({'b', 'a', 'c'}))\nprint('trailing   ')", "['a', 'b', 'c']\ntrailing"),
     ("d = {'x': 1, 'y': 2}\nfor k in d:\n    print(k, d[k])", "x 1\ny 2"),
 ])
@@ -70,6 +71,7 @@ def test_check_program_without_a_pool():
 def test_predictions_compare_after_stripping_trailing_whitespace():
     assert normalise_output("3 \n4\t\n\n") == "3\n4"
     assert extract_prediction("The output is:\n```\n3   \n4\n```\nbecause ...") == "3\n4"
+    assert extract_prediction("```python\nprint(3)\n```\nprints\n```\n3\n```") == "3"  # the last block
     assert extract_prediction("3") == "3" and extract_prediction("3.0") != "3"
 
 

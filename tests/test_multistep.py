@@ -137,3 +137,70 @@ def test_fit_leaves_a_run_directory_with_conversations(tmp_path, capsys):
     assert "Step 0: reward=" in out and "solved=" in out
     assert ("Training complete!\n  Total trajectories: 16\n  Episodes solved (every test passed) within the attempts: "
             "0 (0.0%)\n  Steps completed: 2") in out
+
+
+SECOND_CALL_DIES = {
+    "exit": "raise SystemExit(1)",
+    "os._exit": "import os; os._exit(3)",
+    "memory": "x = bytearray(1 << 40)",  # a MemoryError inside a probe ends only that probe
+    "kill": "import os, signal; os.kill(os.getppid(), 0); os.abort()",
+}
+
+
+@pytest.mark.parametrize("death", list(SECOND_CALL_DIES))
+def test_feedback_never_describes_a_hidden_test_when_the_process_dies_in_it(pool, death):
+    """A function that prints its arguments and dies on its second call: the first (shown) test fails,
+    the second call is the hidden test's. The feedback describes the shown failure, never the hidden
+    test's input, whatever ended the process."""
+    answer = ("```python\nimport sys\ncalls = []\ndef add(a, b):\n    calls.append(1)\n"
+              "    print('seen input:', a, b, file=sys.stderr)\n    print('seen input:', a, b)\n"
+              f"    if len(calls) == 2:\n        {SECOND_CALL_DIES[death]}\n    return a - b\n```")
+    game = MBPPFeedbackEnv(pool, task_id=1, text="Add two numbers.", entry_point="add", timeout=1.0,
+                           tests=["assert add(1, 2) == 3", "assert add(40, 2) == 42"], hidden_tests="held_out",
+                           max_attempts=2)
+    first = game.reset(0)
+    assert "40" not in first.messages[0]["content"]
+    result = game.step(answer)
+    feedback = result.next_turn.messages[-1]["content"]
+    assert "40" not in feedback
+    assert feedback.startswith("This test failed: `assert add(1, 2) == 3` (got -1, expected 3)")
+    assert not result.info["success"] and "40" not in result.info["verdict"]
+    last = game.step(answer)
+    assert last.done and last.returns == {0: 0.0} and "40" not in last.info["verdict"]
+
+
+def test_challenge_hidden_tests_refuse_a_task_without_them(pool):
+    """MBPP's challenge_test_list is empty on every train and validation task (and on 489 of the 500
+    test tasks): hidden_tests: challenge refuses such a task in one line instead of running without
+    hidden tests."""
+    from rlcode.envs.mbpp_feedback import require_challenge_tests
+
+    with pytest.raises(ValueError, match="MBPP task 1 has no challenge_test_list asserts .*use hidden_tests: held_out"):
+        env(pool, hidden_tests="challenge")
+    with pytest.raises(ValueError, match="hidden_tests='hiden': choose one of none, challenge, held_out"):
+        env(pool, hidden_tests="hiden")
+    rows = [{"challenge_test_list": []}, {"challenge_test_list": ["assert add(2, 2) == 4"]}]
+    with pytest.raises(ValueError, match="1 of the 2 train tasks have no challenge_test_list"):
+        require_challenge_tests(rows, "train")
+    require_challenge_tests(rows[1:], "test")
+
+    game = env(pool, hidden_tests="challenge", challenge_tests=["assert add(10, -3) == 7"])
+    game.reset(0)
+    cheat = "```python\ndef add(a, b):\n    return {(1, 2): 3, (0, 0): 0, (-1, 1): 0}[(a, b)]\n```"
+    result = game.step(cheat)  # passes every shown test, fails the challenge test
+    assert result.done and result.returns == {0: 0.0} and result.info["passed_shown"] and not result.info["success"]
+    assert "KeyError" in result.info["hidden_verdict"]
+
+
+def test_mbpp_has_challenge_tests_only_on_the_test_split():
+    """The facts the refusal states, read from the data."""
+    from rlcode.data.mbpp import load_mbpp
+
+    from rlcode.envs.mbpp_feedback import require_challenge_tests
+
+    tasks = {split: load_mbpp(split=split) for split in ("train", "validation", "test")}
+    assert {split: sum(bool(t.challenge_test_list) for t in rows) for split, rows in tasks.items()} == \
+        {"train": 0, "validation": 0, "test": 11}
+    with pytest.raises(ValueError, match="374 of the 374 train tasks have no challenge_test_list"):
+        require_challenge_tests(tasks["train"], "train")
+    require_challenge_tests([t for t in tasks["test"] if t.challenge_test_list], "test")

@@ -7,21 +7,32 @@ or the timeout: enough to fix the code, in the words a user would use. A correct
 episode. The return is the final attempt's tests: binary (every assert passes) or the fraction
 passed, times ``attempt_discount`` per extra attempt. With ``hidden_tests`` the return also needs
 tests the model never saw (MBPP's ``challenge_test_list``, or the last shown assert held out), so
-echoing the feedback back is not enough: the feedback only ever covers the shown tests.
+echoing the feedback back is not enough.
 
-Each attempt is one sandbox execution of the shown and hidden tests together; ``prepare`` submits it
-so that the runner can start every live episode's execution before waiting for any.
+The feedback only ever describes the shown tests: each attempt is one sandbox execution of the shown
+tests, and, with hidden tests, a second, separate execution of the hidden ones whose output never
+reaches the model (in one shared execution a program that dies while a hidden test runs, after a
+shown test failed, would put that hidden call's stderr, with its inputs, in the feedback). The
+hidden execution costs one more sandbox run per attempt. ``prepare`` submits both so that the runner
+can start every live episode's executions before waiting for any.
+
+MBPP has ``challenge_test_list`` asserts for 11 of its 500 test-split tasks and for no train or
+validation task, so ``hidden_tests: challenge`` refuses a task without them (``require_challenge_tests``
+checks a whole task list up front) instead of running silently without hidden tests.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Iterable, Literal, Mapping, get_args
 
 from rlcode.envs.base import StepResult, Turn
+from rlcode.rewards.extraction import extract_code
+from rlcode.sandbox.verdict import check_program
 
 RewardKind = Literal["binary", "fraction"]
 HiddenTests = Literal["none", "challenge", "held_out"]
 
+CHALLENGE_NOTE = "MBPP has them for 11 of its 500 test-split tasks and for no train or validation task"
 PROMPT = ("You are an expert Python programmer. {text} Your code should pass these tests:\n\n{tests}\n\n"
           "Write the function in a ```python block.")
 
@@ -35,6 +46,11 @@ class MBPPFeedbackEnv:
             raise ValueError(f"max_attempts={max_attempts}: an episode needs at least one attempt")
         if not tests:
             raise ValueError(f"MBPP task {task_id} has no tests to run")
+        if hidden_tests not in get_args(HiddenTests):
+            raise ValueError(f"hidden_tests={hidden_tests!r}: choose one of {', '.join(get_args(HiddenTests))}")
+        if hidden_tests == "challenge" and not challenge_tests:
+            raise ValueError(f"hidden_tests: challenge, but MBPP task {task_id} has no challenge_test_list asserts "
+                             f"({CHALLENGE_NOTE}): use hidden_tests: held_out")
         self.name = f"mbpp-{task_id}"
         self.pool, self.text, self.setup, self.entry_point = pool, text, setup, entry_point
         self.shown, self.hidden = list(tests), []
@@ -55,28 +71,33 @@ class MBPPFeedbackEnv:
         return Turn(0, list(self._messages))
 
     def prepare(self, answer: str) -> None:
-        """Start this attempt's execution (the runner calls it for every episode, then ``step``)."""
-        from rlcode.rewards.extraction import extract_code
-        from rlcode.sandbox.verdict import check_program
-
+        """Start this attempt's executions (the runner calls it for every episode, then ``step``):
+        the shown tests, and the hidden ones apart (see the module doc)."""
         code = extract_code(answer, self.entry_point)
         tags = {**self.tags, "attempt": str(self._attempt + 1)}
-        self._pending = check_program(self.pool, code, self.shown + self.hidden, self.setup,
-                                      timeout=self.timeout, tags=tags)
+        shown = check_program(self.pool, code, self.shown, self.setup, timeout=self.timeout, tags=tags)
+        hidden = None
+        if self.hidden:
+            hidden = check_program(self.pool, code, self.hidden, self.setup, timeout=self.timeout,
+                                   tags={**tags, "hidden": "1"})
+        self._pending = (shown, hidden)
 
     def step(self, answer: str) -> StepResult:
         if self._pending is None:
             self.prepare(answer)
-        verdict, self._pending = self._pending.result(), None
+        (shown_future, hidden_future), self._pending = self._pending, None
+        verdict = shown_future.result()  # the shown tests' verdict: the only one feedback may describe
+        hidden = hidden_future.result() if hidden_future is not None else None
         self._attempt += 1
-        shown_passed = verdict.passed[:len(self.shown)]
-        solved_shown = bool(shown_passed) and all(shown_passed)
-        info = {"attempt": self._attempt, "passed_shown": solved_shown, "verdict": verdict.reason,
-                "success": verdict.all_passed}
+        passed = verdict.passed + (hidden.passed if hidden is not None else [])
+        solved_shown, solved = verdict.all_passed, bool(passed) and all(passed)
+        info = {"attempt": self._attempt, "passed_shown": solved_shown, "verdict": verdict.reason, "success": solved}
+        if hidden is not None:
+            info["hidden_verdict"] = hidden.reason  # for the run's logs; never in a message
         if solved_shown or self._attempt >= self.max_attempts:
-            score = 1.0 if verdict.all_passed else 0.0
+            score = 1.0 if solved else 0.0
             if self.reward == "fraction":
-                score = verdict.fraction
+                score = sum(passed) / len(passed)
             info["feedback"] = ""
             return StepResult(None, {0: score * self.discount ** (self._attempt - 1)}, info)
         feedback = feedback_text(verdict, self.shown, self.timeout)
@@ -100,3 +121,14 @@ def feedback_text(verdict, shown: list[str], timeout: float) -> str:
             why = f" ({detail})" if detail else ""
             return f"This test failed: `{test.strip()}`{why}. {ask}"
     return f"Your code did not pass the tests ({verdict.reason}). {ask}"
+
+
+def require_challenge_tests(tasks: Iterable, split: str) -> None:
+    """Refuse ``hidden_tests: challenge`` on tasks without MBPP challenge tests, in one line, before
+    training starts (``tasks``: ``MBPPTask`` objects or rows with a ``challenge_test_list``)."""
+    rows = list(tasks)
+    missing = sum(1 for row in rows if not (row.get("challenge_test_list") if isinstance(row, Mapping)
+                                            else getattr(row, "challenge_test_list", None)))
+    if missing:
+        raise ValueError(f"hidden_tests: challenge, but {missing} of the {len(rows)} {split} tasks have no "
+                         f"challenge_test_list asserts ({CHALLENGE_NOTE}): use hidden_tests: held_out")
