@@ -11,7 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
 from pathlib import Path
+
+import pytest
 
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -58,16 +61,26 @@ def test_history_survives_a_checkpoint_loaded_weights_only(tmp_path):
     assert restored.last_step is None  # the completions' text is not kept in checkpoints
 
 
-def _run(root: Path, reverse: bool, monkeypatch, capsys) -> dict:
+def _run(root: Path, reverse: bool, monkeypatch, capsys, sigterm_in_step: int | None = None) -> dict:
     """Three steps with an eval at start, after step 2 (a batch end) and at the end (train end); what
-    every callback left."""
+    every callback left. ``sigterm_in_step``: SIGTERM arrives during that step (the run stops after it)."""
     drawn = []
     monkeypatch.setattr(plots, "draw", lambda rewards, evals, path: drawn.append((rewards, evals)) or path)
     summary = RunSummary(command=["fit"])
     callbacks = [summary, MBPPEval(num_questions=2, every_n_steps=2, batch_size=1), GameEval(), StepMetrics(),
                  TrainingPlots(), RolloutLogging(), GracefulShutdown()]
     logger = CSVLogger(root, name="run")
-    fit_steps(build_module(), steps=3, callbacks=callbacks[::-1] if reverse else callbacks, logger=logger)
+    module = build_module()
+    if sigterm_in_step is not None:
+        step = module.training_step
+
+        def training_step(batch, batch_idx):
+            step(batch, batch_idx)
+            if batch_idx == sigterm_in_step:
+                signal.raise_signal(signal.SIGTERM)  # before any batch-end hook: the same for every order
+
+        module.training_step = training_step
+    fit_steps(module, steps=3, callbacks=callbacks[::-1] if reverse else callbacks, logger=logger)
     out = capsys.readouterr().out
     run = Path(logger.log_dir)
     with (run / "metrics.csv").open() as handle:  # timings and speeds differ from run to run
@@ -96,5 +109,19 @@ def test_callbacks_show_the_same_in_any_order(tmp_path, monkeypatch, capsys):
     assert [step for step, _ in rewards] == [0, 1, 2] and [e["step"] for e in evals] == [0, 2, 3]
     assert "MBPP pass rate (2 problems)" in forward["summary"] and "plot:" in forward["summary"]
     assert len(forward["step_lines"]) == 3 and len([r for r in forward["metrics"] if r["reward/avg_batch_reward"]]) == 3
+    for key in forward:
+        assert forward[key] == backward[key], key
+
+
+@pytest.mark.parametrize("stopped_in", [0, 1])
+def test_an_interrupted_run_shows_the_same_in_any_order(tmp_path, monkeypatch, capsys, stopped_in):
+    """The shutdown says at a batch end that the run stops; the evals skip their final one at train
+    end and the summary says where it stopped, whichever of them comes first."""
+    forward = _run(tmp_path / "forward", False, monkeypatch, capsys, sigterm_in_step=stopped_in)
+    backward = _run(tmp_path / "backward", True, monkeypatch, capsys, sigterm_in_step=stopped_in)
+    assert f"stopped by SIGTERM at step {stopped_in + 1} of 3" in forward["summary"]
+    assert "checkpoint: <root>/run/version_0/checkpoints/last.ckpt" in forward["summary"]
+    evals = [0] + [2] * (stopped_in == 1)  # step 2's eval is a batch end's, not the final one
+    assert [e["step"] for e in forward["plot"][1]] == evals
     for key in forward:
         assert forward[key] == backward[key], key
