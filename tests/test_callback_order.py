@@ -125,3 +125,17 @@ def test_an_interrupted_run_shows_the_same_in_any_order(tmp_path, monkeypatch, c
     assert [e["step"] for e in forward["plot"][1]] == evals
     for key in forward:
         assert forward[key] == backward[key], key
+
+
+def test_a_resumed_run_keeps_the_history_before_its_checkpoint(tmp_path):
+    """The summary and plot of a resumed run cover the steps before the interruption: the module
+    saves its history in the checkpoint (callbacks used to keep their own, each in its own state)."""
+    first = build_module()
+    trainer = fit_steps(first, steps=2)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    first.history.add_eval({"step": 2, "pass_rate": 0.5})  # after the save: not in the checkpoint
+    resumed = build_module()
+    fit_steps(resumed, steps=3, ckpt_path=tmp_path / "last.ckpt")
+    assert resumed.history.rewards()[:2] == first.history.rewards()
+    assert [s.step for s in resumed.history.steps] == [0, 1, 2] and resumed.history.evals == []
+    assert resumed.history.trajectories() == 3 * 2 * 4  # 3 steps of 2 prompts x 4 completions
