@@ -46,9 +46,9 @@ class StepCheckpoint(ModelCheckpoint):
                          every_n_train_steps=every_n_train_steps or None, save_weights_only=save_weights_only,
                          enable_version_counter=False)  # one last.ckpt, overwritten (see the module doc)
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if getattr(pl_module.hparams, "dry_run", False):
+    def on_fit_start(self, trainer, pl_module) -> None:
+        super().on_fit_start(trainer, pl_module)
+        if pl_module.run_description().dry_run:  # asked once the module is built, before any save
             self.save_last, self.save_top_k = False, 0  # nothing changed: nothing to save
 
     @property

@@ -11,6 +11,8 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from rlcode.envs.game_evaluation import outcome_rates, play_against_random, rate_metrics
+
 
 class GameEval(L.Callback):
     def __init__(self, every_n_steps: int = 20, at_start: bool = True, at_end: bool = True) -> None:
@@ -24,27 +26,24 @@ class GameEval(L.Callback):
         self.every_n_steps = every_n_steps
         self.at_start = at_start
         self.at_end = at_end
-        self.history: list[dict] = []  # {"step", "spiral/<game>/<rate>": value, ...}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.at_start and not any(entry["step"] == trainer.global_step for entry in self.history):
+        if self.at_start and not pl_module.history.evaluated_at(trainer.global_step, games=True):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step % self.every_n_steps == 0 and not self._done_at(step):
+        step, history = trainer.global_step, pl_module.history
+        if self.every_n_steps and step % self.every_n_steps == 0 and not history.evaluated_at(step, games=True):
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        from rlcode.callbacks.mbpp_eval import _interrupted
-
-        if self.at_end and not self._done_at(trainer.global_step) and not _interrupted(trainer):
+        history = pl_module.history  # stopped by a signal (set at a batch end, an earlier hook): no final eval
+        if self.at_end and not history.evaluated_at(trainer.global_step, games=True) and history.stopped_by is None:
             self.evaluate(trainer, pl_module)
 
     def evaluate(self, trainer, pl_module) -> dict[str, float] | None:
         if not callable(getattr(pl_module, "make_game", None)) or not hasattr(trainer.datamodule, "eval_batches"):
             return None  # not a game mode
-        from rlcode.envs.game_evaluation import outcome_rates, play_against_random, rate_metrics
 
         episodes = [e for batch in trainer.datamodule.eval_batches()
                     for e in play_against_random(pl_module, batch, seed=trainer.global_step)]
@@ -56,19 +55,10 @@ class GameEval(L.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
                 logger.save()
-        self.history.append({"step": trainer.global_step, **metrics})
+        pl_module.history.add_game_eval({"step": trainer.global_step, **metrics})
         for game in trainer.datamodule.games:
             rates = {rate: metrics.get(f"spiral/{game}/{rate}", float("nan"))
                      for rate in ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")}
             rank_zero_info(f"  Games vs random at step {trainer.global_step} ({game}): "
                            + ", ".join(f"{k.removesuffix('_rate')} {v:.2f}" for k, v in rates.items()))
         return metrics
-
-    def _done_at(self, step: int) -> bool:
-        return any(entry["step"] == step for entry in self.history)
-
-    def state_dict(self) -> dict:
-        return {"history": list(self.history)}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.history = list(state_dict.get("history", []))

@@ -24,8 +24,10 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
+from rlcode.data.prompts import build_prompt
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, score_policy
-from rlcode.callbacks.run_dir import run_dir
+from rlcode.eval.progress import EvalProgress
+from rlcode.run_dir import run_directory
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
 BENCHMARKS = tuple(BENCHMARK_NAMES)
@@ -83,7 +85,6 @@ class MBPPEval(L.Callback):
         self.batch_size = batch_size
         self.sandbox_workers = sandbox_workers
         self.benchmark = benchmark
-        self.history: list[dict] = []  # {"step", "pass_rate", "problems_passed", "path", ...}
         self._pool = None
         self._last_step: int | None = None
         self._loop_reports: list = []  # rlcode validate / test: the batches' reports
@@ -97,6 +98,8 @@ class MBPPEval(L.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._loop_reports: list = []
         datamodule = trainer.datamodule
+        if stage == "fit" and hasattr(datamodule, "eval_tasks"):
+            pl_module.history.eval_problems = self.effective_num_questions  # the banner says it at fit start
         # Before any dataloader exists: validate / test read the benchmark from the DataModule.
         if hasattr(datamodule, "eval_benchmark"):
             datamodule.eval_benchmark = self.benchmark
@@ -133,28 +136,25 @@ class MBPPEval(L.Callback):
         if not problems or not trainer.is_global_zero:
             return
         report = EvalReport(trainer.global_step, split, 0.0, sorted(problems, key=lambda p: p.task_id))
-        path = run_dir(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
+        path = run_directory(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report.as_json(), indent=2))
         rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
-        already = any(entry["step"] == trainer.global_step for entry in self.history)
-        if self.at_start and not already:
+        # A resumed run whose checkpoint's history holds an eval at this step does not repeat it
+        if self.at_start and not pl_module.history.evaluated_at(trainer.global_step):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
             self.evaluate(trainer, pl_module)
-        if self.history and self.history[-1].get("pass_rate") is not None:
-            # the last eval's share of problems whose every test passed (greedy), not this step's
-            pl_module.log("eval_pass_rate", self.history[-1]["pass_rate"], prog_bar=True, logger=False,
-                          batch_size=1)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.at_end and trainer.global_step != self._last_step and not _interrupted(trainer):
+        # Stopped by a signal (set at a batch end, an earlier hook): no final eval
+        if self.at_end and trainer.global_step != self._last_step and pl_module.history.stopped_by is None:
             self.evaluate(trainer, pl_module)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
@@ -168,9 +168,6 @@ class MBPPEval(L.Callback):
         if not hasattr(datamodule, "eval_tasks"):
             return None  # not an MBPP mode (e.g. SPIRAL games: see callbacks/game_eval.py)
         tasks = datamodule.eval_tasks(self.effective_num_questions)
-        from rlcode.data.prompts import build_prompt
-        from rlcode.eval.progress import EvalProgress
-
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         # A line per batch while it runs; the last batch's is the summary line below.
         where = "humaneval" if self.benchmark == "humaneval" else datamodule.eval_split
@@ -185,14 +182,14 @@ class MBPPEval(L.Callback):
         self._last_step = trainer.global_step
         path = None
         if trainer.is_global_zero:
-            path = run_dir(trainer) / "eval" / f"step_{trainer.global_step}.json"
+            path = run_directory(trainer) / "eval" / f"step_{trainer.global_step}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report.as_json(), indent=2))
             for logger in trainer.loggers:
                 logger.log_metrics(report.metrics(), step=trainer.global_step)
                 logger.save()
-        self.history.append({"step": trainer.global_step, **report.metrics(), "pass_rate": report.pass_rate,
-                             "num_questions": len(report.problems), "path": str(path) if path else None})
+        pl_module.history.add_eval({"step": trainer.global_step, **report.metrics(), "pass_rate": report.pass_rate,
+                                    "num_questions": len(report.problems), "path": str(path) if path else None})
         rank_zero_info(f"  {label} eval at step {trainer.global_step} ({where}): pass rate "
                        f"{report.pass_rate:.2f} ({report.problems_passed}/{len(report.problems)}), "
                        f"{progress.problems_per_second:.2f} problems/s"
@@ -204,12 +201,6 @@ class MBPPEval(L.Callback):
             self._pool = pl_module.sandbox_pool(self.timeout, workers=self.sandbox_workers)
             self._pool.__enter__()
         return self._pool
-
-    def state_dict(self) -> dict:
-        return {"history": list(self.history)}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.history = list(state_dict.get("history", []))
 
 
 def _environment_override() -> int | None:
@@ -230,8 +221,3 @@ def _gathered(reports: list) -> list:
     dist.all_gather_object(shares, reports)
     return [report for share in shares for report in share]
 
-
-def _interrupted(trainer) -> bool:
-    from rlcode.callbacks.shutdown import GracefulShutdown
-
-    return any(isinstance(c, GracefulShutdown) and c.requested for c in trainer.callbacks)

@@ -1,7 +1,9 @@
 """``<run dir>/plots/training.png``: mean reward per step and MBPP pass rate per eval.
 
 Refreshed after every MBPP eval and at the end of training, so a long run's picture is never more
-than one eval old. Histories come from the GRPOMetrics and MBPPEval callbacks.
+than one eval old. Both series come from the module's run history. An eval that runs in the same hook
+as a refresh (batch end, train end) may come after it: it is drawn at the next batch end, or at fit
+end, whatever the order of the callbacks.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import lightning as L
 
-from rlcode.callbacks.run_dir import run_dir
+from rlcode.run_dir import run_directory
 
 
 def draw(reward_history: list[tuple[int, float]], eval_history: list[dict], path: Path) -> Path:
@@ -56,30 +58,24 @@ class TrainingPlots(L.Callback):
         """
         self.filename = filename
         self.path: Path | None = None
-        self._evals_drawn = 0
+        self._drawn: tuple[int, int] | None = None  # (steps, evals) in the picture
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if len(_eval_history(trainer)) != self._evals_drawn:
-            self.refresh(trainer)
+        if len(pl_module.history.evals) != (self._drawn[1] if self._drawn else 0):  # a new eval
+            self.refresh(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.refresh(trainer)
+        self.refresh(trainer, pl_module)
 
-    def refresh(self, trainer) -> None:
+    def on_fit_end(self, trainer, pl_module) -> None:
+        history = pl_module.history  # the final eval, when it ran after this callback's train end
+        if self._drawn != (len(history.steps), len(history.evals)):
+            self.refresh(trainer, pl_module)
+
+    def refresh(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
-        evals = _eval_history(trainer)
-        self.path = draw(_reward_history(trainer), evals, run_dir(trainer) / "plots" / self.filename)
-        self._evals_drawn = len(evals)
-
-
-def _reward_history(trainer) -> list[tuple[int, float]]:
-    from rlcode.callbacks.metrics import GRPOMetrics
-
-    return next((list(c.history) for c in trainer.callbacks if isinstance(c, GRPOMetrics)), [])
-
-
-def _eval_history(trainer) -> list[dict]:
-    from rlcode.callbacks.mbpp_eval import MBPPEval
-
-    return next((list(c.history) for c in trainer.callbacks if isinstance(c, MBPPEval)), [])
+        history = pl_module.history
+        self.path = draw(history.rewards(), list(history.evals), run_directory(trainer) / "plots" / self.filename)
+        self._drawn = (len(history.steps), len(history.evals))
+        history.plot = str(self.path)

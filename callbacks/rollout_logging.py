@@ -11,7 +11,7 @@ import json
 
 import lightning as L
 
-from rlcode.callbacks.run_dir import run_dir
+from rlcode.run_dir import run_directory
 from rlcode.training.step_record import StepRecord
 
 COLUMNS = ("step", "task_id", "prompt", "completion", "reward", "advantage", "verdict")
@@ -50,12 +50,12 @@ class RolloutLogging(L.Callback):
         self.samples_per_step = samples_per_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        record: StepRecord | None = getattr(pl_module, "last_step", None)
+        record: StepRecord | None = pl_module.history.last_step
         if record is None or not self.every_n_steps or record.step % self.every_n_steps or not trainer.is_global_zero:
             return
         # Multi-turn modes: whole episodes (every turn's player, observation, reply and move).
         rows = record.episodes[:self.samples_per_step] if record.episodes else sample_rows(record, self.samples_per_step)
-        path = run_dir(trainer) / "rollouts.jsonl"
+        path = run_directory(trainer) / "rollouts.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
             for row in rows:

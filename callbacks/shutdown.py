@@ -62,6 +62,7 @@ class GracefulShutdown(L.Callback):
         self.requeue = trainer.strategy.reduce_boolean_decision(self.requeue, all=False)  # SIGUSR1 anywhere
         self.requested = self.requested or "a signal to another rank"
         self.saved = self._save(trainer)
+        pl_module.history.stop(self.requested, self.saved)  # the evals skip their final one; the summary says so
         if self.saved:
             rank_zero_info(f"saved {self.saved} at step {trainer.global_step}; resume with --ckpt_path last")
         else:
@@ -75,7 +76,7 @@ class GracefulShutdown(L.Callback):
         callback = trainer.checkpoint_callback
         if isinstance(callback, StepCheckpoint):
             return callback.save_now(trainer)
-        if getattr(trainer.lightning_module.hparams, "dry_run", False):
+        if trainer.lightning_module.run_description().dry_run:
             return None
         folder = callback.dirpath if callback is not None and callback.dirpath else f"{trainer.log_dir}/checkpoints"
         path = f"{folder}/last.ckpt"

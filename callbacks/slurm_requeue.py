@@ -19,7 +19,7 @@ import subprocess
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from rlcode.run_identity import slurm_job_id
+from rlcode.run_dir.identity import slurm_job_id
 
 
 def requeue_job() -> bool:

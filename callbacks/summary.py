@@ -1,4 +1,7 @@
-"""A short account at the end of ``fit``: what changed and where everything is."""
+"""What the run will do, printed at fit start; a short account at fit end: what changed and where
+everything is. Both read the module's ``run_description()`` and run history: the banner in
+``on_fit_start``, before any callback's ``on_train_start`` (the first eval), and the account in
+``on_fit_end``, after every train-end hook (the final eval, the last checkpoint, the plot)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections.abc import Sequence
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from rlcode.callbacks.run_dir import run_dir
+from rlcode.run_dir import run_directory
 
 
 def summarize(steps: int, seconds: float, rewards: list[tuple[int, float]], evals: list[dict], run: str,
@@ -110,7 +113,7 @@ def game_banner(model: str, games: list[str], steps: int, episodes_per_step: int
 
 
 def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, prompts_per_step: int,
-           generations: int, rewards: list[str], run: str, dry_run: bool, mode: str = "GRPO") -> str:
+           generations: int | None, rewards: list[str], run: str, dry_run: bool, mode: str = "GRPO") -> str:
     """What is about to happen, printed before the first step (the ART toolkit's header)."""
     rule = "=" * 60
     return "\n".join([
@@ -118,15 +121,9 @@ def banner(model: str, train_tasks: int, eval_tasks: int | None, steps: int, pro
         f"Model: {model}",
         f"Problems: {train_tasks} train" + (f", {eval_tasks} eval" if eval_tasks else ""),
         f"Steps: {steps}",
-        f"Batch: {prompts_per_step} prompts x {generations} generations",
+        f"Batch: {prompts_per_step} prompts" + (f" x {generations} generations" if generations else ""),
         f"Rewards: {' + '.join(rewards)}",
         f"Run dir: {run}", rule])
-
-
-def _model(module) -> str:
-    """The model name, or for a served backend the served model and where it is (ART: "Using vLLM at ...")."""
-    describe = getattr(module, "model_description", None)
-    return describe() if callable(describe) else str(module.hparams.model_name)
 
 
 def _duration(seconds: float) -> str:
@@ -148,54 +145,35 @@ class RunSummary(L.Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.perf_counter()
+        self._print_banner(trainer, pl_module)
 
     @rank_zero_only
-    def on_train_start(self, trainer, pl_module) -> None:
-        from rlcode.callbacks.mbpp_eval import MBPPEval
-
-        hp, data = pl_module.hparams, trainer.datamodule
+    def _print_banner(self, trainer, pl_module) -> None:
+        described, data, run = pl_module.run_description(), trainer.datamodule, str(run_directory(trainer))
         if hasattr(data, "games"):
-            print(game_banner(model=_model(pl_module), games=data.games, steps=trainer.max_steps,
-                              episodes_per_step=data.episodes_per_step, opponent=hp.get("opponent", "self"),
-                              run=str(run_dir(trainer))), flush=True)
+            print(game_banner(model=described.model, games=data.games, steps=trainer.max_steps,
+                              episodes_per_step=data.episodes_per_step, opponent=described.opponent or "self",
+                              run=run), flush=True)
             return
-        evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
-        # Modes whose episodes score themselves say what their reward is (multi-step MBPP, code game)
-        rewards = getattr(pl_module, "reward_description", None) or list(hp.rewards)
-        print(banner(model=_model(pl_module), train_tasks=len(getattr(data, "train_tasks", [])),
-                     eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
-                     prompts_per_step=getattr(data, "prompts_per_step", 0), generations=hp.num_generations,
-                     rewards=[rewards] if isinstance(rewards, str) else rewards, run=str(run_dir(trainer)),
-                     dry_run=hp.dry_run, mode=type(pl_module).__name__), flush=True)
+        print(banner(model=described.model, train_tasks=len(getattr(data, "train_tasks", [])),
+                     eval_tasks=pl_module.history.eval_problems, steps=trainer.max_steps,
+                     prompts_per_step=getattr(data, "prompts_per_step", 0), generations=described.group_size,
+                     rewards=described.rewards, run=run, dry_run=described.dry_run, mode=described.mode), flush=True)
 
     @rank_zero_only
     def on_fit_end(self, trainer, pl_module) -> None:
-        from rlcode.callbacks.mbpp_eval import MBPPEval
-        from rlcode.callbacks.metrics import GRPOMetrics
-        from rlcode.callbacks.plots import TrainingPlots
-        from rlcode.callbacks.shutdown import GracefulShutdown
-
-        def find(kind):
-            return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
-
-        from rlcode.callbacks.game_eval import GameEval
-
-        metrics, evals, plots, shutdown = find(GRPOMetrics), find(MBPPEval), find(TrainingPlots), find(GracefulShutdown)
-        games = find(GameEval)
+        history, described = pl_module.history, pl_module.run_description()
         checkpoint = trainer.checkpoint_callback
         last = None
         if checkpoint is not None:
             last = checkpoint.last_model_path or checkpoint.best_model_path or None
-        last = last or (shutdown.saved if shutdown else None)  # saved on the way out without a ModelCheckpoint
-        dry_run = bool(getattr(pl_module.hparams, "dry_run", False))
+        last = last or history.saved_on_stop  # saved on the way out without a ModelCheckpoint
         self.text = summarize(
-            steps=trainer.global_step, seconds=time.perf_counter() - self._started,
-            rewards=metrics.history if metrics else [], evals=evals.history if evals else [],
-            run=str(run_dir(trainer)), checkpoint=None if dry_run else last,
-            plot=str(plots.path) if plots and plots.path else None,
-            interrupted=shutdown.requested if shutdown else None, game_evals=games.history if games else [],
-            trajectories=metrics.trajectories if metrics else 0,
-            successes=[(meaning, count) for meaning, count in metrics.successes.values()] if metrics else [],
-            max_steps=trainer.max_steps, dry_run=dry_run, updates=metrics.updates if metrics else None,
+            steps=trainer.global_step, seconds=time.perf_counter() - self._started, rewards=history.rewards(),
+            evals=history.evals, run=str(run_directory(trainer)), checkpoint=None if described.dry_run else last,
+            plot=history.plot, interrupted=history.stopped_by, game_evals=history.game_evals,
+            trajectories=history.trajectories(),
+            successes=[(c.meaning, c.count) for c in history.successes(described.success_labels)],
+            max_steps=trainer.max_steps, dry_run=described.dry_run, updates=history.updates(),
             resume=resume_command(self.command))
         print("\n" + self.text, flush=True)

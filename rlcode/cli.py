@@ -23,7 +23,6 @@ configs, so they cannot end up in the saved config.yaml.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -37,8 +36,8 @@ import lightning as L  # noqa: E402
 from jsonargparse import ArgumentError  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from rlcode.callbacks import (GameEval, GracefulShutdown, GRPOMetrics, MBPPEval, RolloutLogging, RunSummary,
-                       StepCheckpoint, StepProgressBar, TrainingPlots)  # noqa: E402
+from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
+                              StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
 from rlcode import cli_errors, cli_help  # noqa: E402
 from rlcode.algorithms.grpo import GRPO  # noqa: E402
 # Imported so that jsonargparse knows them: `--model SPIRAL` works and `rlcode fit --help` lists them.
@@ -51,10 +50,11 @@ from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 from rlcode.platform_profile import with_profile  # noqa: E402
-from rlcode.run_files import discard_unstarted, find_last_checkpoint, resumed_step, version_of  # noqa: E402
+from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
+                            run_loggers, version_of)
+from rlcode.run_dir.loggers import reachable, say_once  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
-from rlcode.quiet_output import (load_checkpoints_weights_only, quiet_library_noise,  # noqa: E402
-                                 without_wandb_anonymous)
+from rlcode.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
 from rlcode.rollout.openai.client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 
@@ -64,7 +64,6 @@ _SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, Isolati
                  SettingError)
 
 WandbMode = Literal["online", "offline", "disabled"]
-_said_offline: set[str] = set()
 
 
 class RunSettings:
@@ -98,7 +97,7 @@ class RLCodeCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except BaseException:
             # Failed before the run wrote anything of its own: leave no empty version_N behind.
-            _finish_wandb()
+            finish_wandb()
             discard_unstarted(self.trainer.loggers)
             raise
     @staticmethod
@@ -177,15 +176,14 @@ class RLCodeCLI(LightningCLI):
         run: RunSettings = self._get(self.config_init, "run")
         trainer_config = self._get(self.config_init, "trainer", default={})
         if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
-            kwargs["logger"], self.model.run_id = _loggers(run, self._resume_version, self._resume_step)
+            kwargs["logger"], self.model.run_id = run_loggers(run, self._resume_version, self._resume_step)
         plugin = _slurm_without_auto_requeue(trainer_config)
         if plugin is not None:
             kwargs["plugins"] = [*(trainer_config.get("plugins") or []), plugin]
-        # Always on. Order matters within a hook: the summary's banner before the first eval; the
-        # eval before metrics and plots (plots read both histories at batch and train end). The
-        # summary itself prints at fit end, after every train-end hook.
+        # Always on, in any order: each reads what it shows from the module's run history, filled by
+        # the module and by the other callbacks in an earlier hook (rlcode.training.run_history).
         configured = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        callbacks = [RunSummary(command=self.arguments), *configured, GRPOMetrics(), TrainingPlots(),
+        callbacks = [RunSummary(command=self.arguments), *configured, StepMetrics(), TrainingPlots(),
                      GracefulShutdown()]
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
@@ -227,29 +225,6 @@ def _slurm_without_auto_requeue(trainer_config):
     return SLURMEnvironment(auto_requeue=False)
 
 
-def _loggers(run: RunSettings, version: int | None, resume_step: int | None = None) -> tuple[list, str]:
-    """(the run's loggers, its run id). The id comes from the run directory's run.json, written by
-    rank zero when the run starts, so a resumed run logs into the same W&B run."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    from rlcode.run_files import ResumableCSVLogger
-    from rlcode.run_identity import run_identity
-
-    # Flushed every step: a step takes seconds to minutes, and metrics.csv is what people tail.
-    csv = ResumableCSVLogger(save_dir=run.root_dir, name=run.experiment, version=version, flush_logs_every_n_steps=1,
-                             resume_step=resume_step)
-    loggers = [csv]  # first: its folder is the run directory
-    run_id = run_identity(csv.log_dir, write=rank_zero_only.rank == 0)["run_id"]  # other ranks get it broadcast
-    mode = _wandb_mode(run.wandb)
-    if mode != "disabled":
-        from lightning.pytorch.loggers import WandbLogger
-
-        loggers.append(without_wandb_anonymous(WandbLogger(
-            project=run.wandb_project, group=run.experiment, save_dir=csv.log_dir, mode=mode, id=run_id,
-            resume="allow", name=f"{run.experiment}/{Path(csv.log_dir).name}")))
-    return loggers, run_id
-
-
 class _SaveConfig(SaveConfigCallback):
     """config.yaml in the run directory, and the same merged config in the W&B run's config."""
 
@@ -259,55 +234,15 @@ class _SaveConfig(SaveConfigCallback):
                 logger.log_hyperparams({"config": self.config.as_dict()})
 
 
-def _wandb_mode(requested: str | None) -> str:
-    mode = requested or os.environ.get("WANDB_MODE") or "disabled"
-    if mode == "dryrun":
-        mode = "offline"
-    if mode not in ("online", "offline", "disabled"):
-        raise ValueError(f"W&B mode {mode!r} (run.wandb or WANDB_MODE) is not online, offline or disabled")
-    if mode == "online":
-        if not os.environ.get("WANDB_API_KEY") and not _has_netrc_login("api.wandb.ai"):
-            _say_once("wandb", "W&B: no WANDB_API_KEY (environment or .env): logging offline; "
-                               "`wandb sync` the run folder later")
-            return "offline"
-        if not _reachable("api.wandb.ai"):
-            _say_once("wandb", "W&B: api.wandb.ai unreachable: logging offline; `wandb sync` the run folder later")
-            return "offline"
-    return mode
-
-
 def _go_offline_if_hub_unreachable() -> None:
     """Without a reachable Hub, transformers/datasets retry for minutes: tell them to stay offline."""
     if os.environ.get("HF_HUB_OFFLINE"):
         return
-    if not _reachable("huggingface.co"):
+    if not reachable("huggingface.co"):
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        _say_once("hub", "Hugging Face Hub unreachable: running offline (local folders, the HF cache and "
-                         "the embedded model only)")
-
-
-def _reachable(host: str, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _has_netrc_login(host: str) -> bool:
-    try:
-        import netrc
-
-        return netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-def _say_once(key: str, message: str) -> None:
-    if key not in _said_offline:
-        _said_offline.add(key)
-        print(message, file=sys.stderr)
+        say_once("hub", "Hugging Face Hub unreachable: running offline (local folders, the HF cache and "
+                        "the embedded model only)")
 
 
 def main(args: list[str] | None = None) -> None:
@@ -345,15 +280,7 @@ def main(args: list[str] | None = None) -> None:
             raise
         raise SystemExit(f"rlcode: {error}") from None
     finally:
-        _finish_wandb()
-
-
-def _finish_wandb() -> None:
-    """End the W&B run with the command (Lightning leaves it open): its files are complete, and a
-    next fit in the same process (a notebook, a test) opens its own run instead of reusing this one."""
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.run.finish()
+        finish_wandb()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from rlcode.callbacks.plots import draw
 from rlcode.callbacks.rollout_logging import RolloutLogging, sample_rows
 from rlcode.callbacks.shutdown import GracefulShutdown
 from rlcode.callbacks.summary import summarize
+from rlcode.training.run_history import RunDescription, RunHistory
 from rlcode.training.step_record import StepRecord
 
 
@@ -74,7 +75,8 @@ def test_rollout_samples_show_every_prompt_first(tmp_path):
     trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=str(tmp_path), is_global_zero=True,
                               loggers=[])
     callback = RolloutLogging(every_n_steps=1, samples_per_step=2)
-    module = SimpleNamespace(last_step=record())
+    module = SimpleNamespace(history=RunHistory())
+    module.history.add_step(record())
     callback.on_train_batch_end(trainer, module, None, None, 0)
     callback.on_train_batch_end(trainer, module, None, None, 1)
     lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
@@ -133,20 +135,23 @@ def test_steps_without_an_update_are_not_called_optimizer_steps():
 def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path):
     saved = []
     one_device = SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision)
+    module = SimpleNamespace(history=RunHistory(), run_description=lambda: RunDescription("GRPO", "model", []))
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), log_dir=str(tmp_path),
-                              lightning_module=SimpleNamespace(hparams={}), global_step=7, should_stop=False,
+                              lightning_module=module, global_step=7, should_stop=False,
                               save_checkpoint=saved.append, strategy=one_device)
     callback = GracefulShutdown()
     before = signal.getsignal(signal.SIGINT)
     callback.on_train_start(trainer, None)
     try:
-        callback.on_train_batch_end(trainer, None, None, None, 0)
+        callback.on_train_batch_end(trainer, module, None, None, 0)
         assert not trainer.should_stop and not saved  # nothing happens without a signal
         signal.raise_signal(signal.SIGINT)  # would be a KeyboardInterrupt without the callback
         assert callback.requested == "SIGINT"
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a second Ctrl-C acts at once
-        callback.on_train_batch_end(trainer, None, None, None, 1)
+        callback.on_train_batch_end(trainer, module, None, None, 1)
         assert trainer.should_stop and saved == [f"{tmp_path}/last.ckpt"]
+        # what the evals (no final one) and the summary read
+        assert (module.history.stopped_by, module.history.saved_on_stop) == ("SIGINT", f"{tmp_path}/last.ckpt")
     finally:
         callback.on_train_end(trainer, None)
     assert signal.getsignal(signal.SIGINT) is before
@@ -187,7 +192,7 @@ def test_eval_schedule(monkeypatch):
     monkeypatch.setattr(callback, "evaluate", lambda trainer, module: calls.append(trainer.global_step)
                         or callback.__setattr__("_last_step", trainer.global_step))
     trainer = SimpleNamespace(global_step=0, callbacks=[callback])
-    module = SimpleNamespace(log=lambda *a, **k: None)
+    module = SimpleNamespace(history=RunHistory())
     callback.on_train_start(trainer, module)
     for step in (1, 2, 3):
         trainer.global_step = step

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcode import cli, run_files
+from rlcode import cli, run_dir
+from rlcode.run_dir import loggers
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
@@ -76,34 +77,34 @@ def test_no_slurm_environment_in_configs():
 
 def test_last_checkpoint_is_the_newest_version(tmp_path):
     run = {"root_dir": str(tmp_path), "experiment": "exp"}
-    assert run_files.find_last_checkpoint(run) == (None, None)  # a first (requeueable) run starts fresh
+    assert run_dir.find_last_checkpoint(run) == (None, None)  # a first (requeueable) run starts fresh
     for version in (0, 2, 10):
         folder = tmp_path / "exp" / f"version_{version}" / "checkpoints"
         folder.mkdir(parents=True)
         (folder / "last.ckpt").write_bytes(b"")
     (tmp_path / "exp" / "version_11").mkdir()  # a newer run that never saved
-    path, version = run_files.find_last_checkpoint(run)
+    path, version = run_dir.find_last_checkpoint(run)
     assert version == 10 and path.endswith("version_10/checkpoints/last.ckpt")
 
 
 def test_wandb_online_without_a_key_goes_offline(monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(Path("/nonexistent/netrc")))
-    monkeypatch.setattr(cli, "_has_netrc_login", lambda host: False)
-    monkeypatch.setattr(cli, "_said_offline", set())
-    assert cli._wandb_mode("online") == "offline"
-    assert cli._wandb_mode("online") == "offline"
+    monkeypatch.setattr(loggers, "_has_netrc_login", lambda host: False)
+    monkeypatch.setattr(loggers, "_said", set())
+    assert loggers.wandb_mode("online") == "offline"
+    assert loggers.wandb_mode("online") == "offline"
     assert capsys.readouterr().err.count("logging offline") == 1  # said once
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert cli._wandb_mode(None) == "disabled"
+    assert loggers.wandb_mode(None) == "disabled"
     with pytest.raises(ValueError, match="not online, offline or disabled"):
-        cli._wandb_mode("sometimes")
+        loggers.wandb_mode("sometimes")
 
 
 def test_unreachable_hub_switches_to_offline_once(monkeypatch, capsys):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(cli, "_reachable", lambda host, timeout=2.0: False)
-    monkeypatch.setattr(cli, "_said_offline", set())
+    monkeypatch.setattr(cli, "reachable", lambda host, timeout=2.0: False)
+    monkeypatch.setattr(loggers, "_said", set())
     cli._go_offline_if_hub_unreachable()
     cli._go_offline_if_hub_unreachable()
     import os

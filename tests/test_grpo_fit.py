@@ -104,16 +104,16 @@ def test_resume_from_last_continues_at_the_same_step_and_data_order(tmp_path):
 
 
 def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, monkeypatch, capsys):
-    from rlcode.callbacks.metrics import GRPOMetrics
+    from rlcode.callbacks.metrics import StepMetrics
 
-    original = GRPOMetrics.on_train_batch_end
+    original = StepMetrics.on_train_batch_end
 
     def signal_after_first_step(self, trainer, *args):
         original(self, trainer, *args)
         if trainer.global_step == 1:
             signal.raise_signal(signal.SIGTERM)
 
-    monkeypatch.setattr(GRPOMetrics, "on_train_batch_end", signal_after_first_step)
+    monkeypatch.setattr(StepMetrics, "on_train_batch_end", signal_after_first_step)
     run = fit(tmp_path, "--trainer.max_steps", "5", "--checkpoint.every_n_train_steps", "0")
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 1

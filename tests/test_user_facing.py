@@ -11,16 +11,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_progress_bar_counts_steps_out_of_max_steps_with_reward_pass_rate_and_speed(capsys, monkeypatch):
     """Lightning's bar read "Epoch 0" with a batch count and no total on a max_steps run."""
-    from rlcode.callbacks import GRPOMetrics, StepProgressBar, progress
+    from rlcode.callbacks import StepMetrics, StepProgressBar, progress
     from grpo_harness import build_module, fit_steps
 
     monkeypatch.setattr(progress, "interactive", lambda stream: True)  # as in a terminal
 
     fit_steps(build_module(), steps=2, enable_progress_bar=True,
-              callbacks=[GRPOMetrics(print_steps=False), StepProgressBar()])
+              callbacks=[StepMetrics(print_steps=False), StepProgressBar()])
     out = capsys.readouterr().out
     final = re.split(r"[\r\n]", out.strip())[-1]
-    assert "GRPO steps" in final and "2/2" in final, final
+    assert final.startswith("steps: ") and "2/2" in final, final  # every mode's steps, not "GRPO steps"
     # a plain reward function counts no successes of its own: the share with a positive reward
     assert re.search(r"reward=-?[\d.]+", final) and re.search(r"positive=[\d.]+", final) and "tok/s=" in final, final
     assert "Epoch" not in out and "v_num" not in out
@@ -29,12 +29,12 @@ def test_progress_bar_counts_steps_out_of_max_steps_with_reward_pass_rate_and_sp
 def test_progress_bar_stays_off_in_a_log_file(capsys):
     """Written to a file or a pipe (here pytest's capture), a bar is its redraws joined by \\r: the
     step lines say the same in plain lines."""
-    from rlcode.callbacks import GRPOMetrics, StepProgressBar
+    from rlcode.callbacks import StepMetrics, StepProgressBar
     from grpo_harness import build_module, fit_steps
 
-    fit_steps(build_module(), steps=2, enable_progress_bar=True, callbacks=[GRPOMetrics(), StepProgressBar()])
+    fit_steps(build_module(), steps=2, enable_progress_bar=True, callbacks=[StepMetrics(), StepProgressBar()])
     out = capsys.readouterr().out
-    assert "\r" not in out and "GRPO steps" not in out
+    assert "\r" not in out and "steps: " not in out
     assert [line.split(":")[0] for line in out.splitlines() if "Step " in line] == ["  Step 0", "  Step 1"], out
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV
 from rlcode.cli import main
-from rlcode.run_files import unstarted
+from rlcode.run_dir import unstarted
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),

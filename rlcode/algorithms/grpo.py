@@ -6,7 +6,7 @@
 
 Manual optimization, because one batch of prompts is a whole RL iteration: generation, scoring and
 ``num_iterations`` optimizer steps over the same rollouts. Everything a callback may want to log is
-left in ``self.last_step`` (a StepRecord); the module logs nothing itself.
+left in ``self.last_step`` (a StepRecord) and ``self.history`` (a RunHistory); the module logs nothing itself.
 
 The model, tokenizer, rollout backend and reward functions are built in ``configure_model`` (so
 ``--print_config`` and tests of the config surface stay light) and kept on ``self``, outside the
@@ -39,6 +39,8 @@ from rlcode.training.resume_state import ExactResume
 from rlcode.rewards.mixture import RewardMixture
 from rlcode.training.policy_rollouts import PolicyRollouts
 from rlcode.training.run_context import RunContext
+from rlcode.training.run_history import RunDescription, RunHistory
+from rlcode.training.step_scalars import success_labels
 from rlcode.logprobs.sequence_logps import batched_completion_logps
 from rlcode.training.experience import CompletionGroups, repeat_each
 from rlcode.training.step_record import StepRecord, timed
@@ -170,6 +172,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self.backend = None
         self.rewards: RewardMixture | None = None
         self.last_step: StepRecord | None = None
+        self.history = RunHistory()  # every step's scalars, evals, how the run ended: what callbacks show
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self._sandbox = None
         self._eval_pool = None  # sandbox of rlcode validate / test
@@ -211,6 +214,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)  # ExactResume: RNG and reward state, back at the first step
+        self.history.load_state_dict(checkpoint.get("run_history", {}))
         self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
@@ -225,7 +229,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
 
     def _build_rewards(self) -> RewardMixture:
         from rlcode.rewards.factory import build_rewards
-        from rlcode.run_identity import shared_run_id
+        from rlcode.run_dir.identity import shared_run_id
 
         self.run_id = shared_run_id(self.trainer, self.run_id)  # tags the sandbox's executions of this run
         functions, self._sandbox = build_rewards(self.hparams.rewards, timeout=self.hparams.reward_timeout,
@@ -285,6 +289,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         timings["step"] = time.perf_counter() - step_started
         self.last_step = experience.record(step=step, advantages=advantages, updated=update, loss=loss_parts,
                                            totals=totals, frac_zero_std=float(flat.float().mean()), timings=timings)
+        self.history.add_step(self.last_step, grad_norm=getattr(self, "last_grad_norm", None))
 
     # ---- the stages a training mode defines ---------------------------------------------------
     def collect(self, batch: PromptBatch) -> CompletionGroups:
@@ -358,6 +363,15 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
         return report
 
+    def run_description(self) -> RunDescription:
+        """What the banner, the step lines and the summary say the run is."""
+        hp = self.hparams
+        rewards = getattr(self, "reward_description", None) or list(hp.rewards)  # episodes that score themselves
+        return RunDescription(mode=type(self).__name__, model=self.model_description(),
+                              rewards=[rewards] if isinstance(rewards, str) else rewards,
+                              success_labels=success_labels(self), group_size=hp.num_generations,
+                              dry_run=bool(hp.dry_run), opponent=hp.get("opponent"))
+
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
             self.last_grad_norm = clip_grad_norm(self.policy.parameters(), self.hparams.max_grad_norm)
@@ -384,6 +398,7 @@ class GRPO(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         from rlcode.models import is_lora_model
 
         self.save_resume_state(checkpoint)  # RNG states, reward and estimator state
+        checkpoint["run_history"] = self.history.state_dict()
         if is_lora_model(self.policy):  # the frozen base is reloaded from its source: keep adapters only
             trainable = {n for n, p in self.named_parameters() if p.requires_grad}
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

@@ -1,8 +1,9 @@
 """What one GRPO step did, as plain data: callbacks log, sample and plot from it.
 
-The LightningModule fills one record per training step and keeps it as ``module.last_step``;
-metrics, rollout logging, plots and the end-of-run summary read it in ``on_train_batch_end``,
-so the training step itself stays free of logging code.
+The LightningModule fills one record per training step, keeps it as ``module.last_step`` and adds
+it to its run history (``rlcode.training.run_history``), which keeps the step's scalars; metrics,
+rollout logging, plots and the end-of-run summary read that history, so the training step itself
+stays free of logging code.
 
 Under DDP every field is this rank's own (callbacks log rank zero's), except two sums over all ranks
 that ``reward_metrics`` gains when there are several: ``avg_batch_reward_all_ranks`` and
