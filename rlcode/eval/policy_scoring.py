@@ -10,10 +10,13 @@ template as training); programs run in a sandbox pool against the problem's asse
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from rlcode.eval.progress import EvalProgress
+from rlcode.data.humaneval import program_for
+from rlcode.data.prompts import length_order
+from rlcode.eval.passk import mean_pass_at_k
+from rlcode.eval.progress import EvalProgress
+from rlcode.sandbox.verdict import check_program
 
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
 # progress lines show; a report's metrics are "<benchmark>_eval/...".
@@ -95,9 +98,6 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     batch (``tests/test_eval_batching.py``): both set speed only. The report lists the problems in
     the order given.
     """
-    from rlcode.data.prompts import length_order
-    from rlcode.eval.passk import mean_pass_at_k
-
     if batch_size < 1:
         raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
     results: list[ProblemResult | None] = [None] * len(prompts)
@@ -154,9 +154,6 @@ def _generate(module, prompts: list[str], per_prompt: int, temperature: float, m
 
 
 def _check_all(pool, problems: Sequence[Problem], completions: list[str], per_task: int, timeout: float) -> list:
-    from rlcode.data.humaneval import program_for
-    from rlcode.sandbox.verdict import check_program
-
     futures = []
     for index, completion in enumerate(completions):
         problem = problems[index // per_task]
