@@ -17,7 +17,7 @@ from typing import Callable
 from rlcode.rollout.base import SamplingParams
 from rlcode.rollout.openai.backend import OpenAIBackend
 from rlcode.rollout.openai.client import OpenAISettings, as_settings
-from rlcode.rollout.prompts import ChatPrompt
+from rlcode.rollout.rendering import ChatPrompt
 
 
 class RandomLegalMover:

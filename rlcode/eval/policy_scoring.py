@@ -4,7 +4,7 @@ The one scorer of the project: the MBPP eval callback (initial / interval / fina
 and ``rlcode validate`` / ``rlcode test`` (``GRPO.validation_step``) both call ``score_policy``.
 Completions come from the module's own rollout backend (same prompts, stop strings and chat
 template as training); programs run in a sandbox pool against the problem's asserts, judged by
-``rlcode.sandbox.verdict.check_program``.
+``rlcode.sandbox.verdict.check_against_tests``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlcode.data.humaneval import program_for
 from rlcode.data.prompts import length_order
 from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.progress import EvalProgress
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
 # progress lines show; a report's metrics are "<benchmark>_eval/...".
@@ -158,8 +158,8 @@ def _check_all(pool, problems: Sequence[Problem], completions: list[str], per_ta
     for index, completion in enumerate(completions):
         problem = problems[index // per_task]
         code = program_for(problem, completion)
-        futures.append(check_program(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
-                                     timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
+        futures.append(check_against_tests(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
+                                           timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
     return [future.result() for future in futures]
 
 

@@ -1,7 +1,7 @@
 """Generating completions: the backend interface, prompt rendering, and the backends."""
 
 from rlcode.rollout.base import RolloutBackend, RolloutBatch, SamplingParams
-from rlcode.rollout.prompts import render_prompt
+from rlcode.rollout.rendering import render_prompt
 
 __all__ = ["HFGenerateBackend", "RolloutBackend", "RolloutBatch", "SamplingParams", "VLLMBackend", "render_prompt"]
 
