@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not (MBPP_DIR / "mbpp.jsonl").is_file(), reason=
 SLOW_TASK, SLOW_TASK_TIMEOUT = 123, 120.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, count", [("full", 974), ("sanitized", 427)])
 def test_every_reference_solution_passes(variant, count):
     tasks = load_mbpp(MBPP_DIR, "all", variant=variant)

@@ -74,6 +74,7 @@ def _decoder_calls(line: str) -> int:
     return calls
 
 
+@pytest.mark.slow
 def test_decoding_makes_one_python_call_per_container_not_per_item():
     """Guards the decoder's cost on the completion thread: scalars are checked by C-level passes, so
     999,000 ints, floats or strings cost as many Python calls as 1,000; containers cost one each."""
