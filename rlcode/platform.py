@@ -53,7 +53,7 @@ class PlatformInfo:
 
 def detect_platform() -> PlatformInfo:
     """Inspect the visible devices and the environment."""
-    import torch
+    import torch  # about 1.3 s: `import rlcode.platform` stays light (tests/test_models.py checks)
 
     cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     slurm_job_id = next((os.environ[name] for name in _SLURM_VARIABLES if name in os.environ), None)

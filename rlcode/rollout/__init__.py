@@ -7,7 +7,8 @@ __all__ = ["HFGenerateBackend", "RolloutBackend", "RolloutBatch", "SamplingParam
 
 
 def __getattr__(name: str):
-    # Backends import torch; keep `import rlcode.rollout` light for commands that only render prompts.
+    # Backends import torch (about 1.3 s); `import rlcode.rollout` stays light for commands that only
+    # render prompts (tests/test_models.py checks).
     if name == "HFGenerateBackend":
         from rlcode.rollout.hf_backend import HFGenerateBackend
 
