@@ -79,12 +79,13 @@ system-deps:
 	    echo "WARNING: bubblewrap or libseccomp2 is missing and this is not root: the sandbox will run at a weaker isolation level. Ask an admin for: apt-get install bubblewrap libseccomp2" >&2; \
 	fi
 
-# Everything CI runs: unit tests (tiny models) then integration tests (the real SmolLM2).
+# Everything CI runs: unit tests (tiny models, the slow ones too) then integration tests (the real
+# SmolLM2). Each -m replaces pyproject's default one, which leaves slow and integration tests out.
 test: setup
 	$(VENV)/bin/pytest -q -m "not integration"
 	$(VENV)/bin/pytest -q -m integration
 
-unit: setup
+unit: setup  # slow unit tests included; a plain `pytest` runs the fast ones only
 	$(VENV)/bin/pytest -q -m "not integration"
 
 integration: setup

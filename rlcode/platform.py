@@ -53,7 +53,7 @@ class PlatformInfo:
 
 def detect_platform() -> PlatformInfo:
     """Inspect the visible devices and the environment."""
-    import torch
+    import torch  # about 1.3 s: `import rlcode.platform` stays light (tests/test_models.py checks)
 
     cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     slurm_job_id = next((os.environ[name] for name in _SLURM_VARIABLES if name in os.environ), None)
@@ -92,11 +92,6 @@ def default_precision(info: PlatformInfo) -> str:
     if info.device_type != "cuda":
         return "32-true"
     return "bf16-mixed" if supports_bf16(info) else "16-mixed"
-
-
-def default_accelerator(info: PlatformInfo) -> str:
-    """Lightning accelerator name."""
-    return "gpu" if info.device_type == "cuda" else "cpu"
 
 
 def default_sandbox_workers(local_ranks: int = 1, info: PlatformInfo | None = None) -> int:
@@ -147,9 +142,6 @@ _PROFILES: dict[str, dict] = {
 }
 PROFILE_LABELS = {"v100": "V100-class (before sm_80 or under 30 GiB)", "a100": "A100-class (sm_80+, 30 GiB+)",
                   "h100": "H100-class (sm_90+, 70 GiB+)"}
-# Keys the hw overlays leave to the recipe: an overlay goes after a recipe, and a recipe's eval set is
-# part of its experiment; the profile only fills it where no config sets it.
-PROFILE_ONLY_KEYS = ("eval.num_questions",)
 
 
 def profile_kind(info: PlatformInfo) -> str | None:

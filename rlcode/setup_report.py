@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+import torch
+
+from rlcode.sandbox.isolation import IsolationUnavailable, detect_isolation
+
 
 def main() -> None:
-    import torch
-
     def installed(name: str) -> str:
         try:
             return f"{name} {version(name)}"
@@ -22,8 +24,6 @@ def main() -> None:
         if torch.version.cuda is None else f"CUDA {torch.version.cuda} build, no GPU visible"
     print(f"installed: rlcode {version('rlcode')}, torch {torch.__version__} ({device}), "
           + ", ".join(installed(n) for n in ("lightning", "transformers", "peft", "bitsandbytes", "vllm", "wandb")))
-    from rlcode.sandbox.isolation import IsolationUnavailable, detect_isolation
-
     try:
         report = detect_isolation()
         weaker = " (weaker than bwrap: see `rlcode-eval --doctor`)" if report.weaker_than_bwrap else ""

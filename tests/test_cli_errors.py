@@ -126,6 +126,7 @@ def reports(tmp_path_factory) -> dict[str, str]:
     return {name: (tmp / f"{name}.err").read_text().replace(str(tmp), "{tmp}") for name in CASES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_mistake_is_at_most_three_lines_naming_what_where_and_the_fix(reports, case):
     report = reports[case]

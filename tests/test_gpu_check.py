@@ -9,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import vllm_stand_in
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
+@pytest.mark.slow
 def test_the_dry_run_runs_every_check(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     script = importlib.util.module_from_spec(spec)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts a two-rank run (10-20 s)
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
 MICRO_BATCHES_PER_STEP = 4  # 2 prompts x 4 generations / micro_batch_size 2

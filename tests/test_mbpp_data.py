@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.data import MBPPDataError, MBPPTask, load_mbpp, split_of
+from rlcode.data import MBPPDataError, MBPPTask, load_mbpp
 from mbpp_location import mbpp_file  # noqa: E402
 
 SHARED = mbpp_file().parent
@@ -150,13 +150,6 @@ def test_unknown_split_and_variant(tmp_path):
         load_mbpp(path, "dev")
     with pytest.raises(MBPPDataError, match="unknown MBPP variant"):
         load_mbpp(path, "all", variant="tiny")
-
-
-def test_split_of_edges():
-    assert [split_of(i) for i in (1, 10, 11, 510, 511, 600, 601, 974)] == [
-        "prompt", "prompt", "test", "test", "validation", "validation", "train", "train"]
-    with pytest.raises(MBPPDataError):
-        split_of(975)
 
 
 @needs_shared

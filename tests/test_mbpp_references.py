@@ -17,7 +17,7 @@ import pytest
 
 from rlcode.data import load_mbpp
 from rlcode.sandbox import SandboxPool
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 from mbpp_location import mbpp_file  # noqa: E402
 
 MBPP_DIR = mbpp_file().parent
@@ -25,12 +25,13 @@ pytestmark = pytest.mark.skipif(not (MBPP_DIR / "mbpp.jsonl").is_file(), reason=
 SLOW_TASK, SLOW_TASK_TIMEOUT = 123, 120.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, count", [("full", 974), ("sanitized", 427)])
 def test_every_reference_solution_passes(variant, count):
     tasks = load_mbpp(MBPP_DIR, "all", variant=variant)
     assert len(tasks) == count
     with SandboxPool(timeout=10.0) as pool:
-        futures = [(task, check_program(
+        futures = [(task, check_against_tests(
             pool, task.code, task.test_list + task.challenge_test_list, task.test_setup_code,
             timeout=SLOW_TASK_TIMEOUT if task.task_id == SLOW_TASK else None)) for task in tasks]
         verdicts = [(task, future.result()) for task, future in futures]
@@ -47,7 +48,7 @@ def test_wrong_solutions_fail():
     """Control: swapping every task's code for the next task's code fails (almost) every task."""
     tasks = load_mbpp(MBPP_DIR, "validation")
     with SandboxPool(timeout=10.0) as pool:
-        futures = [check_program(pool, other.code, task.test_list, task.test_setup_code)
+        futures = [check_against_tests(pool, other.code, task.test_list, task.test_setup_code)
                    for task, other in zip(tasks, tasks[1:] + tasks[:1])]
         passed = [f.result().all_passed for f in futures]
     assert sum(passed) == 0

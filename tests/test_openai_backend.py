@@ -232,7 +232,7 @@ def test_fit_with_a_backend_that_cannot_train_is_one_error():
 def test_a_served_dry_run_with_chat_loads_neither_weights_nor_tokenizer(monkeypatch):
     import rlcode.models as models
     from rlcode.algorithms.grpo import GRPO
-    from rlcode.rollout.prompts import ChatPrompt
+    from rlcode.rollout.rendering import ChatPrompt
 
     def refuse(*args, **kwargs):
         raise AssertionError("a served dry run loaded something local")
@@ -273,7 +273,7 @@ def test_rows_are_prompt_major_with_a_seed_per_sample_and_one_request_per_greedy
     from rlcode.rollout import SamplingParams
     from rlcode.rollout.openai.backend import OpenAIBackend
     from rlcode.rollout.openai.client import ServedCompletion
-    from rlcode.rollout.prompts import ChatPrompt
+    from rlcode.rollout.rendering import ChatPrompt
 
     backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))
     sent: list[list[SampleRequest]] = []

@@ -88,7 +88,7 @@ def settings(server: str, **extra):
 def test_chat_groups_with_token_counts_and_logprobs(server):
     from rlcode.rollout import SamplingParams
     from rlcode.rollout.openai.backend import OpenAIBackend
-    from rlcode.rollout.prompts import ChatPrompt
+    from rlcode.rollout.rendering import ChatPrompt
 
     backend = OpenAIBackend(settings(server))
     prompts = [ChatPrompt("What is 2 + 2?"), ChatPrompt([{"role": "user", "content": "Name a colour."}])]

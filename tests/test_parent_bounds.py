@@ -20,7 +20,7 @@ from rlcode.sandbox import SandboxPool, plain_data
 from rlcode.sandbox.asserts import plan_assert
 from rlcode.sandbox.plain_data import MAX_HASH_REPEATS, LimitExceeded, dumps, loads
 from rlcode.sandbox.plain_eval import evaluate_plan
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 from rlcode.sandbox.worker_process import WorkerProcess
 
 MERSENNE_61 = 2**61 - 1  # every multiple of it hashes to 0: a set of them is quadratic to build
@@ -74,6 +74,7 @@ def _decoder_calls(line: str) -> int:
     return calls
 
 
+@pytest.mark.slow
 def test_decoding_makes_one_python_call_per_container_not_per_item():
     """Guards the decoder's cost on the completion thread: scalars are checked by C-level passes, so
     999,000 ints, floats or strings cost as many Python calls as 1,000; containers cost one each."""
@@ -142,13 +143,13 @@ def test_attackers_alongside_honest_samples_change_no_verdict():
     wrong samples in flight at the same time get exactly the verdicts they get alone (before the
     bounds, a stalled completion thread flipped them to internal_error)."""
     with SandboxPool(workers=2, timeout=2.0) as pool:
-        alone = [check_program(pool, code, TESTS).result(timeout=60) for code in (HONEST, WRONG, BUSY_HONEST)]
+        alone = [check_against_tests(pool, code, TESTS).result(timeout=60) for code in (HONEST, WRONG, BUSY_HONEST)]
         futures = []
         for name, attack in ATTACKERS.items():
-            futures.append((name, check_program(pool, attack, TESTS)))
-            futures += [("busy", check_program(pool, BUSY_HONEST, TESTS)),
-                        ("honest", check_program(pool, HONEST, TESTS)),
-                        ("wrong", check_program(pool, WRONG, TESTS))]
+            futures.append((name, check_against_tests(pool, attack, TESTS)))
+            futures += [("busy", check_against_tests(pool, BUSY_HONEST, TESTS)),
+                        ("honest", check_against_tests(pool, HONEST, TESTS)),
+                        ("wrong", check_against_tests(pool, WRONG, TESTS))]
         verdicts = [(name, future.result(timeout=600)) for name, future in futures]
     expected = {"honest": alone[0], "wrong": alone[1], "busy": alone[2]}
     assert alone[0].all_passed and not alone[1].all_passed and alone[2].all_passed

@@ -21,7 +21,7 @@ from rlcode.rewards.extraction import extract_code
 from rlcode.sandbox import SandboxPool
 from rlcode.sandbox.asserts import (MAX_PARSED_ASCII, MAX_PARSED_OTHER, bound_names_among,
                                     overridable_names)
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 FENCE = "```"
 HONEST = "def add(a, b):\n    return a + b"
@@ -202,8 +202,8 @@ def test_an_oversized_program_beside_an_honest_one():
     parent parsing it, and an honest sample in flight with it gets the verdict it gets alone."""
     big = HONEST + "\nx = [sum, True]" * 70_000 + "\n"
     with SandboxPool(workers=2, timeout=30.0) as pool:
-        alone = check_program(pool, HONEST, TESTS).result(timeout=120)
-        futures = [check_program(pool, code, TESTS) for code in (big, HONEST, big.replace("sum", "ｓｕｍ"))]
+        alone = check_against_tests(pool, HONEST, TESTS).result(timeout=120)
+        futures = [check_against_tests(pool, code, TESTS) for code in (big, HONEST, big.replace("sum", "ｓｕｍ"))]
         verdicts = [future.result(timeout=300) for future in futures]
     assert alone.all_passed and (verdicts[1].passed, verdicts[1].reason) == (alone.passed, alone.reason)
     assert verdicts[0].status == "ok" and verdicts[0].all_passed  # same values, got sides in the child

@@ -10,7 +10,7 @@ import yaml
 
 import rlcode.platform
 from rlcode import cli
-from rlcode.platform import PROFILE_ONLY_KEYS, PlatformInfo, profile_for, profile_kind
+from rlcode.platform import PlatformInfo, profile_for, profile_kind
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "grpo_code_execution.yaml"
@@ -35,6 +35,9 @@ A100_VALUES = {"model.micro_batch_size": 4, "model.gradient_checkpointing": True
                "model.vllm.gpu_memory_utilization": 0.25, "eval.batch_size": 16, "eval.num_questions": 20}
 H100_VALUES = {"model.micro_batch_size": 8, "model.gradient_checkpointing": False,
                "model.vllm.gpu_memory_utilization": 0.3, "eval.batch_size": 32, "eval.num_questions": 20}
+# Keys the hw overlays leave to the recipe: an overlay goes after a recipe, and a recipe's eval set is
+# part of its experiment; the profile only fills it where no config sets it.
+PROFILE_ONLY_KEYS = ("eval.num_questions",)
 
 
 @pytest.mark.parametrize("info, kind, values", [

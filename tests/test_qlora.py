@@ -102,6 +102,7 @@ def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
         main(["export", "--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "out")])
 
 
+@pytest.mark.slow
 def test_the_qlora_notebook_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
     """notebooks/grpo_qlora_mbpp.ipynb in a real Jupyter kernel, with the tiny model in 4-bit, 2 steps:
     it trains, shows the plot and saves a peft adapter folder."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -26,6 +27,7 @@ def _fit(log: Path, *args: str) -> None:
                        stderr=subprocess.STDOUT, check=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_logged_run_has_plain_lines_and_no_library_noise(tmp_path):
     log, root = tmp_path / "run.log", ["--run.root_dir", str(tmp_path / "runs")]
     # a first run with its progress bar asked for and W&B offline; its resume (into a checkpoint

@@ -92,6 +92,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["full", "lora"])
 def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_path, adapter):
     """RNG states (python, numpy, torch) travel in the checkpoint and come back at
@@ -122,6 +123,7 @@ def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp
                         for line in (reference / "rollouts.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_interrupts_and_two_resumes_match_an_uninterrupted_run_with_only_last_checkpoints(tmp_path):
     """The CPU configs' setting (``checkpoint.every_n_train_steps: 0``: ``last.ckpt`` only). Ctrl-C used
     to leave ``last-v1.ckpt`` beside ``last.ckpt`` (Lightning versioned the file another hand had

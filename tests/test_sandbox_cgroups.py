@@ -97,6 +97,7 @@ THREADS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_fork_hog_does_not_stop_a_concurrent_execution_from_starting_threads(pool):
     """Guards per-execution process limits: before, RLIMIT_NPROC counted every uid-65534 process,
     so a hog on one worker made a concurrent honest program fail to start a thread."""
@@ -144,6 +145,7 @@ def no_cgroups(monkeypatch):
     monkeypatch.setattr(cgroups, "setup", lambda owner_pid=None: cgroups.CgroupLimits(note="off: a test"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["bwrap", "process"])
 def test_without_cgroups_a_fork_hog_does_not_stop_another_worker_from_starting_threads(level, no_cgroups):
     """Guards the RLIMIT_NPROC fallback: each worker slot's children run as a uid of their own, so a

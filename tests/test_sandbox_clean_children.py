@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from rlcode.sandbox import SandboxPool, Status
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 KEY = os.urandom(8).hex()  # in the expected values only: no sample's code contains it
 TESTS = [f"assert secret_fn({n}) == 'ANSWER-{KEY}-{n}'" for n in (3, 5, 7)]
@@ -74,9 +74,9 @@ def test_a_sample_finds_no_earlier_answers_in_its_own_memory(level):
     worker, a sample scanning its own memory finds its canary but none of those values, and fails;
     an honest sample after it still passes."""
     with SandboxPool(workers=1, timeout=30.0, isolation=level) as pool:
-        honest = check_program(pool, HONEST, TESTS).result()
-        scanned = check_program(pool, SCANNER, TESTS).result()
-        again = check_program(pool, HONEST, TESTS).result()
+        honest = check_against_tests(pool, HONEST, TESTS).result()
+        scanned = check_against_tests(pool, SCANNER, TESTS).result()
+        again = check_against_tests(pool, HONEST, TESTS).result()
     assert honest.all_passed and again.all_passed, (honest.reason, again.reason)
     assert scanned.result.stdout == "canary seen True answers seen []\n", (scanned.result.stdout,
                                                                             scanned.result.stderr[-2000:])

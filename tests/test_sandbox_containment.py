@@ -254,6 +254,7 @@ def test_memory_bomb(pool):
     assert result.status is Status.MEMORY and result.error_type == "MemoryError"
 
 
+@pytest.mark.slow
 def test_output_flood_is_capped_without_memory_growth(pool):
     """The parent drains a flood of stdout, stderr and probe lines without buffering it: the peak of
     everything Python allocated meanwhile (every thread: slots, completion) stays far below what was
@@ -292,6 +293,7 @@ def test_escaped_sleeper_killed_at_timeout(pool):
     assert _eventually_none(lambda: _with_marker(marker)) == []
 
 
+@pytest.mark.slow
 def test_escaped_sleeper_killed_without_pid_namespace():
     """The subreaper fallback (where per-execution PID namespaces are unavailable)."""
     with SandboxPool(workers=1, isolation="process") as pool:

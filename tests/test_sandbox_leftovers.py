@@ -81,6 +81,7 @@ def test_a_probing_execution_sees_nothing_a_planting_one_left(level):
     assert len(worker_pids) == 1
 
 
+@pytest.mark.slow
 def test_fd_relative_clearing_survives_path_max_and_recursion_depth(tmp_path):
     """Guards the no-mount cleanup (non-root levels): trees deeper than PATH_MAX or the recursion
     limit, and locked directories, are removed entirely, and nothing above the directory is touched

@@ -47,6 +47,7 @@ OTHER_UID = 2_000_000_123  # the hostile child's uid: owns some entries
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+@pytest.mark.slow
 def test_deletion_never_leaves_its_root(tmp_path):
     """Guards clear_directory and remove_staging as root: in CASES random hostile trees, with an
     adversary acting before each of the walk's calls, no mutation lands outside the root, everything

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +58,7 @@ def sbatch_step(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProc
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_path):
     """Before, Lightning's auto-requeue handled SIGUSR1 (a checkpoint saved mid-step,
     hpc_ckpt_*.ckpt, that skips a batch on resume), and the requeued job could pick another run."""

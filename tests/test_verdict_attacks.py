@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from rlcode.sandbox import SandboxPool
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 # An MBPP-like task (synthetic text): sort a list in descending order.
 TESTS = ["assert sort_desc([5, 1, 9]) == [9, 5, 1]",
@@ -31,7 +31,7 @@ def pool():
 
 
 def _verdict(pool, code: str, tests=TESTS, setup: str = ""):
-    return check_program(pool, textwrap.dedent(code), tests, setup).result(timeout=60)
+    return check_against_tests(pool, textwrap.dedent(code), tests, setup).result(timeout=60)
 
 
 def test_honest_solution_passes(pool):
@@ -237,7 +237,7 @@ def test_status_reasons(pool):
     assert _verdict(pool, WRONG + "undefined_name\n").reason == "error: NameError"
     assert _verdict(pool, WRONG + "import sys\nsys.exit(0)\n").reason == "exited before tests ran"
     slow = "import time\ndef sort_desc(xs):\n    time.sleep(30)\n"
-    verdict = check_program(pool, slow, TESTS, timeout=1.0).result(timeout=60)
+    verdict = check_against_tests(pool, slow, TESTS, timeout=1.0).result(timeout=60)
     assert verdict.reason == "timeout" and not any(verdict.passed)
 
 

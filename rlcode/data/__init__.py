@@ -1,7 +1,5 @@
 """MBPP data: loading, splits by task id (see rlcode.data.mbpp). Light: no torch at import."""
 
-from rlcode.data.mbpp import (ENV_VAR, HUB_ID, SPLITS, MBPPDataError, MBPPTask, load_mbpp,
-                              split_of, tasks_by_id)
+from rlcode.data.mbpp import ENV_VAR, HUB_ID, SPLITS, MBPPDataError, MBPPTask, load_mbpp
 
-__all__ = ["ENV_VAR", "HUB_ID", "SPLITS", "MBPPDataError", "MBPPTask", "load_mbpp", "split_of",
-           "tasks_by_id"]
+__all__ = ["ENV_VAR", "HUB_ID", "SPLITS", "MBPPDataError", "MBPPTask", "load_mbpp"]

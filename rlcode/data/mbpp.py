@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlcode.sandbox.asserts import bound_names, called_function_name
+
 ENV_VAR = "MBPP_DATASET_PATH"
 HUB_ID = "google-research-datasets/mbpp"
 VARIANTS = ("full", "sanitized")
@@ -57,22 +59,12 @@ class MBPPTask:
     @functools.cached_property  # asked once per sample by rlcode-eval: parse the reference once
     def entry_point(self) -> str | None:
         """Name of the function the first test calls (what a completion must define)."""
-        from rlcode.sandbox.asserts import bound_names, called_function_name  # stdlib-only
-
         defined = bound_names(self.code)
         for test in self.test_list:
             name = called_function_name(test, defined)
             if name:
                 return name
         return None
-
-
-def split_of(task_id: int) -> str:
-    """The split a task id belongs to ("prompt", "test", "validation" or "train")."""
-    for name, ids in SPLIT_TASK_IDS.items():
-        if task_id in ids:
-            return name
-    raise MBPPDataError(f"task id {task_id} is outside MBPP's 1-974 range")
 
 
 def load_mbpp(source: str | os.PathLike | None = None, split: str = "test",
@@ -96,10 +88,6 @@ def load_mbpp(source: str | os.PathLike | None = None, split: str = "test",
     if split != "all":
         tasks = [t for t in tasks if t.task_id in SPLIT_TASK_IDS[split]]
     return sorted(tasks, key=lambda t: t.task_id)
-
-
-def tasks_by_id(tasks: list[MBPPTask]) -> dict[int, MBPPTask]:
-    return {t.task_id: t for t in tasks}
 
 
 def _resolve_source(source) -> str:

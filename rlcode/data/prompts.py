@@ -12,13 +12,11 @@ argument order; a completion that guesses another name fails every test however 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Union
+from typing import Literal, Union
 
 from rlcode.data import humaneval
 from rlcode.data.humaneval import HumanEvalTask
-
-if TYPE_CHECKING:
-    from rlcode.data.mbpp import MBPPTask
+from rlcode.data.mbpp import MBPPTask
 
 PromptFormat = Literal["chat", "plain"]
 PROMPT_FORMATS: tuple[str, ...] = ("chat", "plain")

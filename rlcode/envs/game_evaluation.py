@@ -7,13 +7,9 @@ a loss and as an invalid move; ``win`` means a positive return for the policy's 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from rlcode.envs.opponents import RandomLegalMover
-from rlcode.envs.runner import EpisodeRunner
-
-if TYPE_CHECKING:
-    from rlcode.envs.runner import Episode
+from rlcode.envs.runner import Episode, EpisodeRunner
 
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
 

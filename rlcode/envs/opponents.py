@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Callable
+from dataclasses import replace
+from typing import Callable
 
-if TYPE_CHECKING:
-    from rlcode.rollout.base import SamplingParams
-    from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.rollout.base import SamplingParams
+from rlcode.rollout.openai.backend import OpenAIBackend
+from rlcode.rollout.openai.client import OpenAISettings, as_settings
+from rlcode.rollout.rendering import ChatPrompt
 
 
 class RandomLegalMover:
@@ -45,12 +47,6 @@ class ServedOpponent(PolicyOpponent):
 
         ``settings`` must use ``api: chat`` (an opponent's prompt is a conversation, not rendered text).
         """
-        from dataclasses import replace
-
-        from rlcode.rollout.openai.backend import OpenAIBackend
-        from rlcode.rollout.openai.client import as_settings
-        from rlcode.rollout.prompts import ChatPrompt
-
         settings = as_settings(settings)
         if settings.api != "chat":
             raise ValueError(f"a served opponent sends chat messages: set its api to 'chat', not {settings.api!r}")

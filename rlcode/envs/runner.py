@@ -12,11 +12,10 @@ method (an answer to run in the sandbox) get every answer of a round before any 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from rlcode.envs.base import Environment, Turn
-    from rlcode.rollout.base import RolloutBatch
+from rlcode.envs.base import Environment, Turn
+from rlcode.rollout.base import RolloutBatch
 
 
 @dataclass

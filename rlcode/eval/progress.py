@@ -7,6 +7,7 @@ sandbox) could only be seen at the end.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -56,8 +57,7 @@ class EvalProgress:
 def write_line(line: str) -> None:
     """Print on rank zero through tqdm, as the step lines do (callbacks/metrics.py): the line goes
     above a running progress bar instead of into it, and a redirected log gets it at once."""
-    import sys
-
+    # lightning imports torch (seconds): rlcode.eval stays torch-free for rlcode-eval
     from lightning.pytorch.utilities import rank_zero_only
     from tqdm import tqdm
 

@@ -12,20 +12,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rlcode.data.mbpp import MBPPTask
-    from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.data.mbpp import MBPPTask
+from rlcode.data.prompts import STOP_SEQUENCES, build_prompt
+from rlcode.rollout.openai.client import OpenAIClient, OpenAISettings, SampleRequest
 
 
 def write_served_samples(path: Path, tasks: Sequence[MBPPTask], settings: OpenAISettings, *, num_samples: int,
                          temperature: float, max_tokens: int, prompt_format: str, seed: int = 0) -> int:
     """Sample ``num_samples`` completions per task and write one ``{"task_id", "completion", ...}``
     line each to ``path``; returns the number of lines. Sample j of task i gets seed ``seed + i*n + j``."""
-    from rlcode.data.prompts import STOP_SEQUENCES, build_prompt
-    from rlcode.rollout.openai.client import OpenAIClient, SampleRequest
-
     client = OpenAIClient(settings)
     requests = [SampleRequest(prompt=build_prompt(task, prompt_format), max_tokens=max_tokens,
                               temperature=temperature, stop=tuple(STOP_SEQUENCES[prompt_format]),

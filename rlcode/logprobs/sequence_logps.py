@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from rlcode.logprobs.fused_head_logps import fused_head_logps
+import torch
+from torch import Tensor, nn
+
 from rlcode.algorithms.losses import per_token_logps
+from rlcode.logprobs.fused_head_logps import fused_head_logps
 from rlcode.logprobs.prefix_tree import PrefixTree, prefix_tree
 from rlcode.logprobs.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
-
-if TYPE_CHECKING:
-    from torch import Tensor, nn
+from rlcode.models.adapters import is_lora_model
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, 
     rows share once (``rlcode.logprobs.shared_prefix``) when that runs fewer tokens than the plain
     pass and the model supports it; same log-probs and gradients.
     """
-    import torch
-
     active = completion_mask.bool()  # [B, C]
     length = completion_ids.size(1)
     head = _fusable_head(model)
@@ -106,8 +104,6 @@ def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: 
                              micro_batch_size: int, *, chunk_size: int | None = None,
                              share_prefix: bool = False) -> Tensor:
     """``completion_logps`` without grad, ``micro_batch_size`` rows at a time -> [B, C]."""
-    import torch
-
     rows = []
     with torch.no_grad():
         for start in range(0, completion_ids.size(0), micro_batch_size):
@@ -120,10 +116,6 @@ def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: 
 
 def _fusable_head(model: nn.Module) -> _Head | None:
     """The decoder body and a plain linear head of a causal LM (peft LoRA unwrapped), or None."""
-    import torch
-
-    from rlcode.models.adapters import is_lora_model
-
     causal_lm = model
     if is_lora_model(model):
         config = model.peft_config.get(model.active_adapter)

@@ -34,15 +34,12 @@ and transformers versions without per-layer caches.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor, nn
 
 from rlcode.logprobs.prefix_tree import PrefixTree
 from rlcode.models.cache_name import cache_argument
-
-if TYPE_CHECKING:
-    from torch import Tensor, nn
 
 
 def shared_prefix_support(model: nn.Module) -> str | None:

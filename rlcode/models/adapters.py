@@ -6,7 +6,6 @@ gives it back without keeping a second copy of the weights in memory.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ContextManager, Literal
@@ -111,8 +110,3 @@ def reference_mode(model) -> ContextManager | None:
     if not is_lora_model(model):
         return None
     return model.disable_adapter()
-
-
-def null_reference_mode() -> ContextManager:
-    """A do-nothing context, for callers that want `reference_mode(m) or null_reference_mode()`."""
-    return contextlib.nullcontext()

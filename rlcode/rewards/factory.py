@@ -14,12 +14,11 @@ import importlib
 from typing import Any, Callable
 
 from rlcode.errors import SettingError
+from rlcode.rewards.registry import REWARDS, build_reward
 
 
 def check_reward_names(names: list[str]) -> None:
     """A SettingError naming the first reward that is neither a registry name nor an import path."""
-    from rlcode.rewards import REWARDS
-
     unknown = [name for name in names if name not in REWARDS and ":" not in name]
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(REWARDS), n=1)
@@ -36,8 +35,6 @@ def build_rewards(names: list[str], *, timeout: float, pool_factory: Callable[[f
     ``run_id`` tags every execution as ``run`` (beside ``step`` and ``task``): ``pool.list`` and
     ``pool.stop`` by run then find this run's programs on a pool several runs share.
     """
-    from rlcode.rewards import REWARDS, build_reward
-
     check_reward_names(names)  # before starting any worker process
     imported = {name: _import(name) for name in names if ":" in name}
     pool = None

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from rlcode.rewards.base import SandboxReward, Scored
 from rlcode.rewards.extraction import extract_code
 from rlcode.sandbox.asserts import called_function_names
-from rlcode.sandbox.verdict import TestVerdict, check_program
+from rlcode.sandbox.verdict import TestVerdict, check_against_tests
 
 _BUILTINS = frozenset(dir(__import__("builtins")))
 
@@ -55,7 +55,7 @@ class MBPPTestsPassed(SandboxReward):
         # The DataModule sends each task's entry point; plain TRL datasets may not have the column.
         code = extract_code(completion, row.get("entry_point") or entry_point_of(tests))
         setup = row.get("test_setup_code") or ""
-        return check_program(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
+        return check_against_tests(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
 
     def _score(self, verdict: TestVerdict) -> Scored:
         return Scored(self._reward(verdict), verdict.reason, verdict.status, verdict.all_passed)

@@ -59,7 +59,7 @@ class RewardMixture:
         # two functions of one kind (e.g. the same reward with two timeouts) still need distinct keys
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
 
-    def start(self, prompts: list[str], completions: list[str], **columns: Any) -> "RewardJob":
+    def start(self, prompts: list[str], completions: list[str], **columns: Any) -> "MixtureJob":
         started = time.perf_counter()
         pending = []
         for function in self.functions:
@@ -67,7 +67,7 @@ class RewardMixture:
                 pending.append(function.start(prompts, completions, **columns))
             else:
                 pending.append(_Done(function(prompts, completions, **columns)))
-        return RewardJob(self, pending, started, len(completions))
+        return MixtureJob(self, pending, started, len(completions))
 
     # A resumed run continues the state of reward functions that keep one (a curriculum, a running
     # normaliser): those with state_dict/load_state_dict, keyed by name. The sandbox holds none.
@@ -81,7 +81,7 @@ class RewardMixture:
                 function.load_state_dict(state[name])
 
 
-class RewardJob:
+class MixtureJob:
     """Rewards being computed; ``result()`` waits for every function and combines them."""
 
     def __init__(self, mixture: RewardMixture, pending: list, started: float, count: int) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from rlcode.rollout.openai.client import OpenAISettings
-    from rlcode.rollout.vllm.engine import VLLMSettings
+from rlcode.models import resolve_model_source
+from rlcode.rollout.hf_backend import HFGenerateBackend
+from rlcode.rollout.openai.backend import OpenAIBackend
+from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.rollout.vllm.backend import VLLMBackend
+from rlcode.rollout.vllm.engine import VLLMSettings
 
 BackendName = Literal["hf", "vllm", "openai"]
 
@@ -22,18 +25,10 @@ def build_backend(name: BackendName, policy, tokenizer, model_name: str, *,
     ``seed`` (the engine's base seed) only matter for "vllm"; ``openai`` only for "openai".
     """
     if name == "hf":
-        from rlcode.rollout.hf_backend import HFGenerateBackend
-
         return HFGenerateBackend(policy, tokenizer)
     if name == "vllm":
-        from rlcode.models import resolve_model_source
-        from rlcode.rollout.vllm.backend import VLLMBackend
-        from rlcode.rollout.vllm.engine import VLLMSettings
-
         settings = VLLMSettings(**vllm) if isinstance(vllm, dict) else vllm
         return VLLMBackend(policy, tokenizer, resolve_model_source(model_name), settings=settings, seed=seed)
     if name == "openai":
-        from rlcode.rollout.openai.backend import OpenAIBackend
-
         return OpenAIBackend(openai, tokenizer)
     raise ValueError(f"rollout_backend={name!r} is unknown: use 'hf', 'vllm' or 'openai'")

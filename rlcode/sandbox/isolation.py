@@ -74,7 +74,7 @@ class IsolationReport:
 
 
 @dataclass
-class Probe:
+class DetectedIsolation:
     """What the pool keeps from detection: the report, the staged files and how to start workers."""
 
     report: IsolationReport
@@ -111,10 +111,10 @@ def refuse_visible_filesystem(report: IsolationReport, allowed: bool) -> None:
         f"allow_visible_filesystem=True) in code) or {ALLOW_VISIBLE_FS_ENV}=1")
 
 
-def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
-                    site_packages: bool = False, cgroups=None, worker_config: dict | None = None) -> Probe:
-    """Detect the level by starting a worker; ``keep_worker`` hands that (fresh, unused) worker
-    over in ``Probe.worker`` instead of closing it, saving a pool one worker start (~0.1 s).
+def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False, site_packages: bool = False,
+                    cgroups=None, worker_config: dict | None = None) -> DetectedIsolation:
+    """Detect the level by starting a worker; ``keep_worker`` hands that (fresh, unused) worker over
+    in ``DetectedIsolation.worker`` instead of closing it, saving a pool one worker start (~0.1 s).
     ``cgroups`` (cgroups.CgroupLimits) and ``worker_config``: the pool's, for that first worker."""
     if isolation not in REQUESTS:
         raise ValueError(f"unknown isolation {isolation!r}; choose one of {', '.join(REQUESTS)}")
@@ -151,7 +151,7 @@ def probe_isolation(isolation: str, limits: Limits, keep_worker: bool = False,
             worker = None
         cpu_share = (cgroups.cpu_share if layers.get("cpu_cgroup") and cgroups is not None
                      else "autogroup" if autogroup_enabled() else "none")
-        return Probe(_report(level, layers, seccomp_note, failures, cpu_share), staging, launch, worker)
+        return DetectedIsolation(_report(level, layers, seccomp_note, failures, cpu_share), staging, launch, worker)
     shutil.rmtree(staging, ignore_errors=True)
     fix = ("apt-get install bubblewrap (and allow user namespaces when not root), or isolation='process'"
            if wanted != "process" else "check that the base python interpreter runs")

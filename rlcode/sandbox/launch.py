@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core_dumps import RLIMIT_CORE
+from .inside.scratch import clear_directory
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ def remove_staging(path: str | os.PathLike) -> bool:
     neither. It never leaves ``path``: it checks each directory it climbs back to. False (and the
     directory left in place) when something could not be removed in time.
     """
-    from .inside.scratch import clear_directory
-
     if not os.path.isdir(path) or os.path.islink(path):
         return not os.path.lexists(path)
     if clear_directory(os.fspath(path), time.monotonic() + 60.0):

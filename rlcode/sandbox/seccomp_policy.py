@@ -131,16 +131,3 @@ def _unreviewed_prefix(arch: int | None) -> bytes:
                (jgt, 0, 1, MAX_REVIEWED_SYSCALL),    # above the reviewed range: next, else skip it
                (ret, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
     return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
-
-
-def seccomp_status() -> tuple[bool, str]:
-    """(available, reason) without raising: for the isolation report."""
-    try:
-        build_filter_bpf()
-    except SeccompUnavailable as e:
-        return False, str(e)
-    unreviewed = (f"; syscalls above {MAX_REVIEWED_SYSCALL} (unreviewed): ENOSYS"
-                  if platform.machine() in _NATIVE_ARCH else "; syscalls above the reviewed range: allowed on this architecture")
-    return True, (f"pyseccomp filter ({len(DENIED_SYSCALLS) + len(DENIED_BY_NUMBER) + 5} rule groups), loaded per child"
-                  + unreviewed)
-

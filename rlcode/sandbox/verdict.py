@@ -64,8 +64,8 @@ class TestVerdict:
         return sum(self.passed) / len(self.passed) if self.passed else 0.0
 
 
-def check_program(pool, code: str, tests, setup: str = "", *, timeout: float | None = None,
-                  tags: dict | None = None) -> "Future[TestVerdict]":
+def check_against_tests(pool, code: str, tests, setup: str = "", *, timeout: float | None = None,
+                        tags: dict | None = None) -> "Future[TestVerdict]":
     """Run ``code`` against ``tests`` (assert strings) in ``pool``; the future never raises.
 
     Args:

@@ -31,7 +31,7 @@ import torch
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.openai.client import OpenAIClient, OpenAISettings, SampleRequest, ServedCompletion, as_settings
-from rlcode.rollout.prompts import ChatPrompt
+from rlcode.rollout.rendering import ChatPrompt
 
 OPENAI_STOP_LIMIT = 4  # OpenAI refuses more stop strings
 

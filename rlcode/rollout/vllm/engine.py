@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 # The vLLM releases this code was written against (read from their source, never run here).
 TESTED_VLLM_VERSIONS = ">=0.33.0,<0.34"
@@ -106,8 +107,6 @@ class EnginePlacement:
 
 def placement_for(device: torch.device) -> EnginePlacement:
     """The placement of an engine serving a policy on ``device``, from the trainer's process group."""
-    import torch.distributed as dist
-
     ready = dist.is_available() and dist.is_initialized()
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if ready else (0, 1)
     if device.type == "cuda" and device.index is not None:

@@ -34,9 +34,7 @@ import json.encoder as _json_encoder
 _type = type
 _len = len
 _str = str
-_repr = repr
 _int_to_str = int.__repr__
-_float_repr = float.__repr__
 _list_iter = list.__iter__
 _tuple_iter = tuple.__iter__
 _set_iter = set.__iter__
