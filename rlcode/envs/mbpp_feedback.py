@@ -27,7 +27,7 @@ from typing import Iterable, Literal, Mapping, get_args
 
 from rlcode.envs.base import StepResult, Turn
 from rlcode.rewards.extraction import extract_code
-from rlcode.sandbox.verdict import check_program
+from rlcode.sandbox.verdict import check_against_tests
 
 RewardKind = Literal["binary", "fraction"]
 HiddenTests = Literal["none", "challenge", "held_out"]
@@ -75,10 +75,10 @@ class MBPPFeedbackEnv:
         the shown tests, and the hidden ones apart (see the module doc)."""
         code = extract_code(answer, self.entry_point)
         tags = {**self.tags, "attempt": str(self._attempt + 1)}
-        shown = check_program(self.pool, code, self.shown, self.setup, timeout=self.timeout, tags=tags)
+        shown = check_against_tests(self.pool, code, self.shown, self.setup, timeout=self.timeout, tags=tags)
         hidden = None
         if self.hidden:
-            hidden = check_program(self.pool, code, self.hidden, self.setup, timeout=self.timeout,
+            hidden = check_against_tests(self.pool, code, self.hidden, self.setup, timeout=self.timeout,
                                    tags={**tags, "hidden": "1"})
         self._pending = (shown, hidden)
 

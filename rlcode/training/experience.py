@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from rlcode.training.all_ranks_totals import AllRanksTotals
-    from rlcode.rewards.mixture import RewardJob, RewardOutcome
+    from rlcode.rewards.mixture import MixtureJob, RewardOutcome
     from rlcode.rollout.base import RolloutBatch
 
 
@@ -49,7 +49,7 @@ class CompletionGroups:
     prompts: list[str]
     task_ids: list[Any]
     group_size: int
-    job: RewardJob
+    job: MixtureJob
     outcome: RewardOutcome | None = None
 
     def rewards(self, device) -> Tensor:

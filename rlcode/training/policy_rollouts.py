@@ -17,7 +17,7 @@ class PolicyRollouts:
         """Chat messages through the tokenizer's chat template; plain text as it is. A backend whose
         server applies the template (openai, api chat) gets the messages as a ``ChatPrompt``."""
         from rlcode.rollout import render_prompt
-        from rlcode.rollout.prompts import ChatPrompt
+        from rlcode.rollout.rendering import ChatPrompt
 
         if getattr(self.backend, "renders_chat", False):
             return ChatPrompt(prompt)
