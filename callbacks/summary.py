@@ -153,20 +153,18 @@ class RunSummary(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         from rlcode.callbacks.mbpp_eval import MBPPEval
 
-        hp, data = pl_module.hparams, trainer.datamodule
+        described, data = pl_module.run_description(), trainer.datamodule  # the mode's facts, via the learner
         if hasattr(data, "games"):
             print(game_banner(model=_model(pl_module), games=data.games, steps=trainer.max_steps,
-                              episodes_per_step=data.episodes_per_step, opponent=hp.get("opponent", "self"),
+                              episodes_per_step=data.episodes_per_step, opponent=described.opponent or "self",
                               run=str(run_dir(trainer))), flush=True)
             return
         evals = next((c for c in trainer.callbacks if isinstance(c, MBPPEval)), None)
-        # Modes whose episodes score themselves say what their reward is (multi-step MBPP, code game)
-        rewards = getattr(pl_module, "reward_description", None) or list(hp.rewards)
         print(banner(model=_model(pl_module), train_tasks=len(getattr(data, "train_tasks", [])),
                      eval_tasks=evals.effective_num_questions if evals else None, steps=trainer.max_steps,
-                     prompts_per_step=getattr(data, "prompts_per_step", 0), generations=hp.num_generations,
-                     rewards=[rewards] if isinstance(rewards, str) else rewards, run=str(run_dir(trainer)),
-                     dry_run=hp.dry_run, mode=type(pl_module).__name__), flush=True)
+                     prompts_per_step=getattr(data, "prompts_per_step", 0), generations=described.group_size,
+                     rewards=described.rewards, run=str(run_dir(trainer)),
+                     dry_run=described.dry_run, mode=described.mode), flush=True)
 
     @rank_zero_only
     def on_fit_end(self, trainer, pl_module) -> None:
