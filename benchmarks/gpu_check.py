@@ -77,7 +77,7 @@ class Setup:
         self.folder = build_model_folder(Path(args.work_dir), DRY_RUN if args.dry_run else QWEN25_15B)
 
     def grpo(self, **extra):
-        from rlcode.algorithms.grpo import GRPO
+        from rlcode.modes import GRPO
 
         settings = dict(model_name=str(self.folder), rewards=["gpu_check:length_reward"], reward_weights=None,
                         num_generations=self.generations, max_new_tokens=self.max_new_tokens, temperature=1.0,
@@ -268,7 +268,7 @@ def check_qlora(setup: Setup) -> dict:
 
 
 def check_spiral(setup: Setup) -> dict:
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
     from rlcode.data.games import GameDataModule
 
     module = SPIRAL(model_name=str(setup.folder), opponent="self", move_format="bracket", max_turns=4,

@@ -153,7 +153,7 @@ def run_rlcode(settings: Settings) -> dict:
     import lightning as L
     from torch.utils.data import DataLoader, IterableDataset
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
 
     rows = prompt_rows(settings.prompts_per_step * settings.steps * 2)  # spare batches: a step may not update
     batches = [rows[i:i + settings.prompts_per_step] for i in range(0, len(rows), settings.prompts_per_step)]

@@ -27,7 +27,8 @@ DEFAULT_MBPP = str(REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 def evaluate(checkpoint: Path | None, problems: int, attempts: int, batch: int) -> dict:
     import torch
 
-    from rlcode.algorithms.multistep import MultiStepMBPP, attempt_metrics
+    from rlcode.modes import MultiStepMBPP
+from rlcode.modes.multistep import attempt_metrics
     from rlcode.data.mbpp import load_mbpp
     from rlcode.envs.mbpp_feedback import MBPPFeedbackEnv
     from rlcode.envs.runner import EpisodeRunner

@@ -40,14 +40,14 @@ def sample_rows(setting: str, path: Path, model: str) -> None:
     if setting == "grpo":
         from grpo_sides import prompt_rows
 
-        from rlcode.algorithms.grpo import GRPO
+        from rlcode.modes import GRPO
 
         module = GRPO(model_name=model, num_generations=4, max_new_tokens=64, temperature=1.0)
         module.configure_model()
         prompts = [module.render(row["prompt"]) for row in prompt_rows(4)]
         rollout = module.generate(prompts, 4, temperature=1.0, seed=0)
     else:
-        from rlcode.algorithms.spiral import SPIRAL
+        from rlcode.modes import SPIRAL
 
         module = SPIRAL(model_name=model, opponent="self", move_format="bracket", max_turns=9,
                         max_new_tokens=24, temperature=1.0)

@@ -30,7 +30,7 @@ GAME = "TicTacToe-v0"
 
 
 def runner_throughput(episodes: int, max_new_tokens: int) -> dict:
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
     from rlcode.envs.runner import EpisodeRunner
 
     module = SPIRAL(model_name="smollm2-135m-instruct", move_format="bracket", max_turns=9,

@@ -45,7 +45,7 @@ def test_every_config_parses(config, capsys):
 
 def test_overlays_apply_left_to_right(capsys):
     merged = _print_config(capsys, REPO / "configs/quickstart.yaml", REPO / "configs/tiny_test.yaml",
-                           extra=("--model.num_generations", "3"))
+                           extra=("--model.mode.num_generations", "3"))
     assert merged["model"]["model_name"] == "tiny-random"  # from the overlay
     assert merged["model"]["temperature"] == 1.0
     assert merged["data"]["prompt_format"] == "chat"  # kept from the base

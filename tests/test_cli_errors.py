@@ -46,7 +46,7 @@ CASES = {
         ["fit", *TINY, "--model.lora", "{r:4}"],
         ["model.lora cannot be '{r:4}'", "a space after each colon", "--model.lora.NAME VALUE"]),
     "wrong_type": (
-        ["fit", *TINY, "--model.num_generations", "two"],
+        ["fit", *TINY, "--model.mode.num_generations", "two"],
         ["model.num_generations cannot be 'two'", "on the command line", "an integer"]),
     "wrong_type_in_yaml": (
         ["fit", *TINY, "--config", "{tmp}/badtype.yaml"],
@@ -71,7 +71,7 @@ CASES = {
         ["fit", *TINY, "--data.prompt_format", "chatt"],
         ["data.prompt_format cannot be 'chatt'", "did you mean chat?", "'chat' or 'plain'"]),
     "one_generation": (
-        ["fit", *TINY, "--model.num_generations", "1"],
+        ["fit", *TINY, "--model.mode.num_generations", "1"],
         ["num_generations=1 gives every group a zero std", "use num_generations >= 2", "on the command line"]),
     "quantization_without_lora": (
         ["fit", *TINY, "--model.quantization", "4bit"],
@@ -83,7 +83,7 @@ CASES = {
         ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.model_name", "smollm2-135m-instruktion"],
         ["model.model_name 'smollm2-135m-instruktion'", "did you mean smollm2-135m-instruct?"]),
     "unknown_reward": (
-        ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.rewards", "[executoin]"],
+        ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.mode.rewards", "[executoin]"],
         ["unknown reward 'executoin' in model.rewards", "did you mean 'execution'?"]),
     "unknown_command": (["fitt", *TINY], ["unknown command 'fitt'", "did you mean fit?"]),
     "predict_is_gone": (["predict", *TINY], ["unknown command 'predict'", "fit, validate, test, export"]),
@@ -155,7 +155,7 @@ def test_debug_flag_keeps_the_traceback_and_the_parser_message():
 def test_debug_environment_variable_keeps_the_traceback(monkeypatch, tmp_path):
     monkeypatch.setenv("RLCODE_DEBUG", "1")
     with pytest.raises(cli_errors.UserError, match="num_generations >= 2") as raised:
-        main(["fit", *TINY, "--run.root_dir", str(tmp_path), "--model.num_generations", "1"])
+        main(["fit", *TINY, "--run.root_dir", str(tmp_path), "--model.mode.num_generations", "1"])
     assert isinstance(raised.value.__cause__, ValueError)
     assert cli_errors.take_debug_flag(["fit", "--debug"]) == (["fit"], True)
     monkeypatch.setenv("RLCODE_DEBUG", "0")

@@ -165,10 +165,10 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
 def test_a_module_saved_from_python_is_exported_as_its_own_mode():
     """Without LightningCLI's class path (``trainer.save_checkpoint`` of a module built in Python) the
     mode is the one whose settings are exactly those saved."""
-    from rlcode.algorithms.code_game import CodeGame
-    from rlcode.algorithms.grpo import GRPO
-    from rlcode.algorithms.multistep import MultiStepMBPP
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import CodeGame
+    from rlcode.modes import GRPO
+    from rlcode.modes import MultiStepMBPP
+    from rlcode.modes import SPIRAL
 
     for mode in (GRPO, SPIRAL, MultiStepMBPP, CodeGame):
         assert mode_class({"hyper_parameters": dict(mode(model_name="tiny-random").hparams)}) is mode

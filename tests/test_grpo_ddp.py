@@ -43,7 +43,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
     """
     import torch
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
     from rlcode.cli import main
 
     seen: dict = {"task_ids": [], "mean_rewards": [], "global_mean_rewards": [], "backwards": 0}
@@ -89,8 +89,8 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
           "--trainer.max_steps", str(STEPS),
           # a length reward varies between completions, so every step has a gradient to sync
-          "--model.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.filter_zero_std_groups", "true",
-          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1", "--data.num_train_tasks", "8",
+          "--model.mode.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.skip_zero_advantage_rows", "true",
+          "--model.micro_batch_size", "2", "--model.mode.sandbox.workers", "1", "--data.num_train_tasks", "8",
           "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0"])
 
 
@@ -215,7 +215,7 @@ def _run_spiral_rank(out_dir: Path) -> None:
     """SPIRAL self-play on 2 ranks: each rank writes its role baselines and the games it played."""
     import torch
 
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
     from rlcode.cli import main
 
     def on_train_end(self):
@@ -228,7 +228,7 @@ def _run_spiral_rank(out_dir: Path) -> None:
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"process_group_backend": "gloo"}}
     main(["fit", "--config", str(REPO / "configs/spiral_tictactoe.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--run.root_dir", str(out_dir / "runs"), "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
-          "--model.opponent", "random", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+          "--model.mode.opponent", "random", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
 
 
 def test_spiral_role_baselines_agree_across_ranks(tmp_path):

@@ -178,11 +178,12 @@ def test_the_eval_callback_and_validate_score_human_eval_when_asked(tasks):
 
 
 def test_the_policy_eval_scores_human_eval_problems_end_to_end(tasks):
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
     from rlcode.data.prompts import build_prompt as any_prompt
     from rlcode.eval.policy_scoring import score_policy
 
-    module = GRPO(model_name="tiny-random", max_new_tokens=8)
+    module = learner(GRPO, model_name="tiny-random", max_new_tokens=8)
     module.configure_model()
     chosen = tasks[:3]
     with module.sandbox_pool(5.0) as pool:
@@ -201,7 +202,9 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
     import dataclasses
     from pathlib import Path
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+
+    from grpo_harness import learner
     from rlcode.cli import main
 
     repo = Path(__file__).resolve().parents[1]

@@ -156,8 +156,8 @@ def test_spiral_against_a_served_opponent(server, tmp_path):
     """The tiny policy holds seat 1 and trains; seat 0 is SmolLM2 behind the server."""
     from rlcode.cli import main
 
-    main(["fit", *SPIRAL_BASE, "--run.root_dir", str(tmp_path), "--model.opponent", "served",
-          "--model.trained_seat", "1", "--model.opponent_server", json.dumps({"base_url": server, "model": MODEL}),
+    main(["fit", *SPIRAL_BASE, "--run.root_dir", str(tmp_path), "--model.mode.opponent", "served",
+          "--model.mode.trained_seat", "1", "--model.mode.opponent_server", json.dumps({"base_url": server, "model": MODEL}),
           "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
     games = [json.loads(line) for line in next(tmp_path.glob("tiny/version_*/rollouts.jsonl")).open()]
     assert games and all(g["learner_seats"] == [1] for g in games)

@@ -104,7 +104,7 @@ def test_cli_builds_the_trainer_with_the_chosen_precision(monkeypatch):
 
     import rlcode.platform
     from rlcode import cli
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
     from rlcode.data.datamodule import MBPPDataModule
 
     monkeypatch.setattr(rlcode.platform, "detect_platform", lambda: gpu((8, 0), "A100"))

@@ -171,7 +171,7 @@ def test_the_switch_in_a_config(monkeypatch, capsys, tmp_path):
 def test_the_platform_line_lists_what_was_chosen_and_kept(monkeypatch, capsys):
     """End to end through LightningCLI: the trainer and model are built with the profile's values (the
     tiny overlay's micro-batch kept), and the platform line says which values and how to override."""
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
     from rlcode.data.datamodule import MBPPDataModule
 
     _fake_gpu(monkeypatch, V100_16)

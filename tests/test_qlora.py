@@ -52,10 +52,11 @@ def test_two_grpo_steps_of_4bit_qlora_train_the_adapters_only_and_resume(tmp_pat
 
 
 def test_quantization_without_lora_is_a_one_line_error():
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
 
     with pytest.raises(ValueError, match="quantization='4bit' needs model.lora"):
-        GRPO(model_name="tiny-random", quantization="4bit")
+        learner(GRPO, model_name="tiny-random", quantization="4bit")
 
 
 def user_4bit_model():
@@ -76,7 +77,8 @@ def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
     from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
 
     model, source = user_4bit_model()
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -133,7 +135,8 @@ def test_4bit_layers_still_train_after_eval_mode_passes():
     from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
 
     model, source = user_4bit_model()
     ids = torch.tensor([[3, 17, 42, 99, 5]])

@@ -123,9 +123,10 @@ class ScriptedGame:
 
 @pytest.fixture(scope="module")
 def module():
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
+    from grpo_harness import learner
 
-    built = SPIRAL(model_name="tiny-random", max_new_tokens=6, temperature=1.0)
+    built = learner(SPIRAL, model_name="tiny-random", max_new_tokens=6, temperature=1.0)
     built.configure_model()
     return built
 
@@ -240,8 +241,8 @@ def test_one_seat_against_a_fixed_opponent(tmp_path, opponent):
     Only seat 1's turns are trained, and the opponent's moves are in the logged games."""
     from rlcode.cli import main
 
-    main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.opponent", opponent,
-          "--model.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+    main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.mode.opponent", opponent,
+          "--model.mode.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
     games = [json.loads(line) for line in next(tmp_path.glob("tiny/version_*/rollouts.jsonl")).open()]
     assert all(g["learner_seats"] == [1] for g in games)
     for game in games:

@@ -111,9 +111,12 @@ def test_training_executions_are_tagged_with_run_step_and_task():
 
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
 
-    module = GRPO(model_name="tiny-random", rewards=["execution"], sandbox_workers=1, reward_timeout=20.0)
+    from grpo_harness import learner
+    from rlcode.training.run_context import SandboxSettings
+
+    module = learner(GRPO, model_name="tiny-random", rewards=["execution"], sandbox=SandboxSettings(workers=1), reward_timeout=20.0)
     module.run_id = "run0123abcd"
     module._trainer = SimpleNamespace(strategy=SingleDeviceStrategy(), num_devices=1)
     rewards = module._build_rewards()

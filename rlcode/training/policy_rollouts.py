@@ -26,9 +26,10 @@ class PolicyRollouts:
             return ChatPrompt(prompt)
         return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
 
-    def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
+    def generate(self, prompts: list[str], num_generations: int, *, temperature: float | None = None,
                  max_new_tokens: int | None = None, seed: int | None = None):
-        """G completions per rendered prompt (prompt-major); the backend switches to eval mode."""
+        """G completions per rendered prompt (prompt-major; ``temperature`` None: the training one); the
+        backend switches to eval mode."""
         params = self.sampling_params(seed, temperature, max_new_tokens)
         rollout = self.backend.generate(prompts, num_generations, params)
         # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
