@@ -84,7 +84,7 @@ CASES = {
         ["model.model_name 'smollm2-135m-instruktion'", "did you mean smollm2-135m-instruct?"]),
     "unknown_reward": (
         ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.mode.rewards", "[executoin]"],
-        ["unknown reward 'executoin' in model.rewards", "did you mean 'execution'?"]),
+        ["unknown reward 'executoin' in model.mode.init_args.rewards", "did you mean 'execution'?"]),
     "unknown_command": (["fitt", *TINY], ["unknown command 'fitt'", "did you mean fit?"]),
     "predict_is_gone": (["predict", *TINY], ["unknown command 'predict'", "fit, validate, test, export"]),
 }

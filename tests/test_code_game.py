@@ -120,7 +120,7 @@ def test_successful_predictions_count_counts_correct_predictions():
                         truncated=[False] * 3, frac_reward_zero_std=0.0, updated=True,
                         episodes=[{"success": True}, {"success": False}, {"success": None}])
     assert step_metrics(record)["reward/successful_predictions_count"] == 1.0
-    assert "predicted=33.3% (1/3)" in step_line(record, success_labels(CodeGame))
+    assert "predicted=33.3% (1/3)" in step_line(record, success_labels(learner(CodeGame, model_name="tiny-random")))
 
 
 def test_a_served_model_can_be_the_predictor():
@@ -132,5 +132,5 @@ def test_a_served_model_can_be_the_predictor():
 
     module = learner(CodeGame, model_name="tiny-random", opponent="served",
                       opponent_server={"base_url": "http://127.0.0.1:9/v1", "model": "predictor", "api": "chat"})
-    opponent = module._opponent()
+    opponent = module.mode.opponents.actor(module)
     assert isinstance(opponent, ServedOpponent) and opponent.backend.client.base_url.startswith("http://127.0.0.1:9")

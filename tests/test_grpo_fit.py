@@ -148,7 +148,7 @@ def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys)
 
 
 def test_unknown_reward_is_a_one_line_error(tmp_path):
-    with pytest.raises(SystemExit, match="^rlcode: unknown reward 'nope' in model.rewards"):
+    with pytest.raises(SystemExit, match="^rlcode: unknown reward 'nope' in model.mode.init_args.rewards"):
         fit(tmp_path, "--model.mode.rewards", "[nope]")
 
 

@@ -158,8 +158,9 @@ def test_fsdp_is_refused_with_a_one_line_reason():
 
 def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
     """Where nothing hides the filesystem the pool refuses to start unless the user
-    opts in; training passes model.sandbox_allow_visible_filesystem to every pool it builds."""
-    import rlcode.sandbox
+    opts in; training passes the mode's sandbox.allow_visible_filesystem to every pool it builds."""
+    import rlcode.training.run_context
+    from rlcode.training.run_context import SandboxSettings
 
     seen = []
 
@@ -167,8 +168,8 @@ def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
         def __init__(self, **settings):
             seen.append(settings)
 
-    monkeypatch.setattr(rlcode.sandbox, "SandboxPool", Recording)
-    module = build_module(configure=False, sandbox_allow_visible_filesystem=True, sandbox_workers=1)
+    monkeypatch.setattr(rlcode.training.run_context, "SandboxPool", Recording)
+    module = build_module(configure=False, sandbox=SandboxSettings(workers=1, allow_visible_filesystem=True))
     module.sandbox_pool(3.0)
     module.sandbox_pool(3.0, workers=2)
     assert seen == [{"workers": 1, "timeout": 3.0, "allow_visible_filesystem": True},

@@ -151,12 +151,12 @@ def test_two_interrupts_and_two_resumes_match_an_uninterrupted_run_with_only_las
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), "same parameters at step n, bit for bit"
 
 
-def test_resume_parts_round_trip_through_a_checkpoint():
-    """A part registered in ``resume_parts`` (how per-role baselines of a multi-turn estimator join)
-    and a stateful reward function get their saved state back at the first batch, as do the RNGs."""
+def test_the_mode_state_round_trips_through_a_checkpoint():
+    """The mode's state (its stateful reward functions, its estimator's baselines) is saved with every
+    checkpoint and loaded with it; the RNG states come back at the first batch."""
     from rlcode.training.resume_state import ExactResume
 
-    class Baselines:
+    class Mode:
         def __init__(self):
             self.values = {}
 
@@ -168,12 +168,10 @@ def test_resume_parts_round_trip_through_a_checkpoint():
 
     class Module(ExactResume):
         def __init__(self):
-            self.init_resume_state()
-            self.rewards = Baselines()
-            self.resume_parts["advantage_estimator"] = Baselines()
+            self.mode = Mode()
 
     saved = Module()
-    saved.rewards.values, saved.resume_parts["advantage_estimator"].values = {"seen": 3}, {"player_0": 0.25}
+    saved.mode.values = {"player_0": 0.25}
     checkpoint: dict = {}
     random.seed(5)
     saved.save_resume_state(checkpoint)
@@ -181,10 +179,9 @@ def test_resume_parts_round_trip_through_a_checkpoint():
 
     loaded = Module()
     loaded.on_load_checkpoint(checkpoint)
+    assert loaded.mode.values == {"player_0": 0.25}
     random.seed(99), torch.manual_seed(99)  # what a restart does before the first batch
     loaded.on_train_batch_start(None, 0)
-    assert loaded.rewards.values == {"seen": 3}
-    assert loaded.resume_parts["advantage_estimator"].values == {"player_0": 0.25}
     assert (random.random(), float(torch.rand(()))) == expected
 
 

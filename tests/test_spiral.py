@@ -200,7 +200,7 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
     assert games and all(g["game"] == "TicTacToe-v0" and g["turns"] for g in games)
     assert {"player", "observation", "reply", "move", "valid"} <= set(games[0]["turns"][0])
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["role_baselines"]["values"]["TicTacToe-v0/0"] != 0.0
+    assert checkpoint["rlcode_resume"]["parts"]["mode"]["estimator"]["values"]["TicTacToe-v0/0"] != 0.0
     assert "TicTacToe-v0 vs random" in capsys.readouterr().out
 
 
@@ -219,7 +219,7 @@ def test_baselines_and_games_resume_exactly(tmp_path):
         run = next(root.glob("tiny/version_*"))
         state = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
         games = [(g["step"], g["seed"], g["returns"]) for g in map(json.loads, (run / "rollouts.jsonl").open())]
-        return state["role_baselines"], games, state["global_step"]
+        return state["rlcode_resume"]["parts"]["mode"]["estimator"], games, state["global_step"]
 
     assert final(tmp_path / "resumed") == final(tmp_path / "straight")
 

@@ -119,15 +119,16 @@ def test_training_executions_are_tagged_with_run_step_and_task():
     module = learner(GRPO, model_name="tiny-random", rewards=["execution"], sandbox=SandboxSettings(workers=1), reward_timeout=20.0)
     module.run_id = "run0123abcd"
     module._trainer = SimpleNamespace(strategy=SingleDeviceStrategy(), num_devices=1)
-    rewards = module._build_rewards()
+    module.mode.setup(module, "fit")
+    rewards, sandbox = module.mode.reward_mixture, module.mode._sandbox
     try:
         job = rewards.start(["p"], ["```python\nimport time\ntime.sleep(30)\n```"], task_id=[601], step=7)
         deadline = time.monotonic() + 20
-        while not module._sandbox.list({"run": "run0123abcd"}) and time.monotonic() < deadline:
+        while not sandbox.list({"run": "run0123abcd"}) and time.monotonic() < deadline:
             time.sleep(0.05)
-        listed = module._sandbox.list({"run": "run0123abcd"})
+        listed = sandbox.list({"run": "run0123abcd"})
         assert [info.tags for info in listed] == [{"run": "run0123abcd", "step": "7", "task": "601"}]
-        assert module._sandbox.stop({"run": "run0123abcd"}) == 1
+        assert sandbox.stop({"run": "run0123abcd"}) == 1
         assert job.result().total == [-1.0]  # a stopped program scores as a failure
     finally:
         module.teardown("fit")
