@@ -17,15 +17,18 @@ HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
 def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
-    """The merged config, with the model's and the data's class (subclass mode) beside their settings."""
+    """The merged config: ``model`` holds the learner's settings and the mode's (``model_class``: the
+    mode's class), ``data`` the data's settings (``data_class``: its class)."""
     args = ["fit"] + [item for config in configs for item in ("--config", str(config))] + list(extra)
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*args, "--print_config"])
     assert exit_info.value.code in (0, None)
     merged = yaml.safe_load(capsys.readouterr().out)
-    for key in ("model", "data"):
-        merged[f"{key}_class"] = merged[key]["class_path"]
-        merged[key] = merged[key].get("init_args", {})
+    mode = merged["model"].pop("mode")
+    merged["model_class"] = mode["class_path"]
+    merged["model"] = {**merged["model"], **mode.get("init_args", {})}
+    merged["data_class"] = merged["data"]["class_path"]
+    merged["data"] = merged["data"].get("init_args", {})
     return merged
 
 
@@ -36,8 +39,8 @@ def test_every_config_parses(config, capsys):
     merged = _print_config(capsys, *base, config)
     if merged["model_class"].endswith(".SPIRAL"):
         assert merged["data_class"].endswith(".GameDataModule") and merged["data"]["games"]
-    else:
-        assert merged["model"]["rewards"], "a config without rewards cannot train"
+    elif merged["model_class"].endswith(".GRPO"):
+        assert merged["model"]["rewards"], "a GRPO config without rewards cannot train"
     assert merged["checkpoint"] and merged["eval"] and merged["run"]["experiment"]
     text = config.read_text().lower()
     assert "api_key" not in text and "wandb_api" not in text  # secrets live in the environment / .env
