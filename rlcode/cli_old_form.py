@@ -43,12 +43,17 @@ def new_class_path(old: str) -> str | None:
     return next((path for path in MODE_CLASSES if path.rsplit(".", 1)[1] == name), None)
 
 
-def _key_problem(key: str) -> str | None:
-    if key in RENAMED:
-        return f"model.{key} is now {RENAMED[key]}"
-    if key in MODE_KEYS:
-        return f"model.{key} is a setting of the mode now: write it under model.mode.init_args {SEE}"
-    return None
+def _keys_problems(keys: list[str], prefix: str = "model.") -> list[str]:
+    """What to say about old keys: renamed ones one by one, the mode's together."""
+    problems = [f"{prefix}{key} is now {'--' if prefix.startswith('--') else ''}{RENAMED[key]}"
+                for key in keys if key in RENAMED]
+    moved = [f"{prefix}{key}" for key in keys if key in MODE_KEYS]
+    if len(moved) == 1:
+        problems.insert(0, f"{moved[0]} is a setting of the mode now: write it under model.mode.init_args {SEE}")
+    elif moved:
+        problems.insert(0, f"{', '.join(moved)} are settings of the mode now: write them under "
+                           f"model.mode.init_args {SEE}")
+    return problems
 
 
 def _class_problem(old: str) -> str:
@@ -62,7 +67,7 @@ def _class_problem(old: str) -> str:
 def _problems_of_section(model: dict) -> list[str]:
     keys = [key for key in model if key not in ("class_path", "init_args")]
     keys += list(model.get("init_args") or {}) if isinstance(model.get("init_args"), dict) else []
-    problems = [p for p in map(_key_problem, keys) if p]
+    problems = _keys_problems(keys)
     if "class_path" in model:
         problems.append(_class_problem(model["class_path"]))
     elif "init_args" in model and not problems:
@@ -71,19 +76,20 @@ def _problems_of_section(model: dict) -> list[str]:
 
 
 def _problems_of_flags(argv: list[str]) -> list[str]:
-    problems = []
+    problems, keys = [], []
     for index, arg in enumerate(argv):
         flag, _, value = arg.partition("=")
         if flag == "--model" and not value and index + 1 < len(argv):
             value = argv[index + 1]
         if flag == "--model" and value and not value.lstrip().startswith("{"):
             problems.append(f"--model {value} is now --model.mode {new_class_path(value) or value}")
-        elif flag in ("--model.class_path", "--model.init_args") or flag.startswith("--model.init_args."):
-            key = flag.removeprefix("--model.init_args.").removeprefix("--model.")
-            problems.append(_key_problem(key) or f"{flag} is gone: model is the Learner; the mode is --model.mode NAME")
+        elif flag in ("--model.class_path", "--model.init_args"):
+            problems.append(f"{flag} is gone: model is the Learner; the mode is --model.mode NAME")
+        elif flag.startswith("--model.init_args."):
+            keys.append(flag.removeprefix("--model.init_args."))
         elif flag.startswith("--model.") and flag.count(".") == 1:
-            problems.append(_key_problem(flag.removeprefix("--model.")) or "")
-    return [p.replace("model.", "--model.", 1) if not p.startswith("--") else p for p in problems if p]
+            keys.append(flag.removeprefix("--model."))
+    return problems + _keys_problems([key for key in keys if key in RENAMED or key in MODE_KEYS], prefix="--model.")
 
 
 def check(argv: list[str]) -> None:
