@@ -22,6 +22,7 @@ import yaml
 from rlcode.rewards.factory import check_reward_names
 from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODE_CLASSES
 from rlcode.models.aliases import MODEL_ALIASES
+from rlcode.training.learner import Learner
 
 DEBUG_ENV = "RLCODE_DEBUG"
 _DEBUG_HINT = "--debug shows the full message"
@@ -160,8 +161,8 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     if 'expected "subcommand"' in message:
         return UserError(f"no command given\n  Commands: {', '.join(COMMANDS)}; e.g. rlcode fit --config "
                          "configs/quickstart.yaml (rlcode --help)")
-    _, help_of = _find(lines, r"^--(\w+)\.help: (?:module '([\w.]+)' has no attribute '(\w+)'|.*: (\S+)$)")
-    if help_of:  # rlcode fit --model.help SPIRALL
+    _, help_of = _find(lines, r"^--([\w.]+)\.help: (?:module '([\w.]+)' has no attribute '(\w+)'|.*: (\S+)$)")
+    if help_of:  # rlcode fit --model.mode.help SPIRALL
         group, module, name, given = help_of.groups()
         return _unknown_class([group], given or f"{module}.{name}", argv, where=f"in --{group}.help")
     index, path = _find(lines, r"Expected a path but (\S+) either not accessible or invalid")
@@ -339,8 +340,8 @@ def explain_init_error(error: Exception, argv: list[str]) -> UserError:
     cls = re.search(r"class_path='([^']+)'", message)
     key = re.match(r"(?:model\.|data\.)?(\w+)=", reason)
     group = "data" if cls and cls.group(1) in DATA_CLASSES else "model"
-    if cls and cls.group(1).startswith("rlcode.modes."):
-        group = "model.mode"
+    if group == "model" and key and key.group(1) not in inspect.signature(Learner.__init__).parameters:
+        group = "model.mode"  # a mode's own check of its settings
     where = locate([*group.split("."), key.group(1)], argv) if key else ""
     context = [f"{group}: {cls.group(1)}"] if cls else []
     context += [where] if where else []
