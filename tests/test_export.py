@@ -168,10 +168,12 @@ def test_a_module_saved_from_python_is_exported_as_its_own_mode():
     checkpoint of a module built in Python names its mode too, settings objects included."""
     from grpo_harness import learner
     from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP
+    from rlcode.rollout.openai.client import OpenAISettings
     from rlcode.training.run_context import SandboxSettings
 
     for mode in (GRPO, SPIRAL, MultiStepMBPP, CodeGame):
-        extra = {"opponent": "served", "opponent_server": {"base_url": "http://127.0.0.1:9/v1", "api": "chat"}} \
+        server = OpenAISettings(base_url="http://127.0.0.1:9/v1", api="chat")
+        extra = {"opponent": "served", "opponent_server": server} \
             if mode is CodeGame else {"sandbox": SandboxSettings(workers=3)} if mode is GRPO else {}
         saved = dict(learner(mode, model_name="tiny-random", **extra).hparams)
         torch.save(saved, "/dev/null")  # plain data a checkpoint can hold
