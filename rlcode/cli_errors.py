@@ -251,7 +251,8 @@ def _unknown_option(keys: list[str], class_path: str | None, argv: list[str], co
     owner = class_path.rsplit(".", 1)[-1] if class_path else keys[0]
     suggestion = did_you_mean(keys[-1], names, prefix=f"did you mean {'.'.join(keys[:-1])}.") if names else ""
     where = locate(keys, argv)
-    listing = (f"rlcode {command} --{keys[0]}.help {class_path}" if len(keys) == 2 and class_path
+    group = ".".join(keys[:-1])  # model, data, or model.mode
+    listing = (f"rlcode {command} --{group}.help {class_path}" if group in ("model", "data", "model.mode") and class_path
                else f"rlcode {command} --help")
     return UserError(f"{dotted} is not a setting of {owner} ({where or 'in a config'})\n"
                      f"  {suggestion}Its settings: {listing}")

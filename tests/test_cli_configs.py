@@ -11,8 +11,9 @@ from rlcode import cli, run_files
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml": "quickstart.yaml",  # overlay -> the config it is applied on top of
-            "learn_mbpp_cpu_lora.yaml": "learn_mbpp_cpu.yaml"}
+OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it is applied on top of
+            "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
@@ -34,7 +35,7 @@ def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
 def test_every_config_parses(config, capsys):
-    base = [REPO / "configs" / OVERLAYS.get(config.name, "quickstart.yaml")] \
+    base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
         if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
     merged = _print_config(capsys, *base, config)
     if merged["model_class"].endswith(".SPIRAL"):

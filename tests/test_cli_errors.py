@@ -14,7 +14,7 @@ from rlcode import cli_errors
 from rlcode.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 
 YAML_FILES = {  # name -> text of a config with one mistake
     "typo.yaml": "model:\n  temperature: 1.0\n  learnig_rate: 1e-5\n",

@@ -84,7 +84,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
     torch.set_num_threads(1)  # two processes share the machine's cores
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy",
                 "init_args": {"process_group_backend": "gloo"}}
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
           "--run.root_dir", str(out_dir / "runs"),
           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
           "--trainer.max_steps", str(STEPS),

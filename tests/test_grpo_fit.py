@@ -14,7 +14,7 @@ import torch
 from rlcode.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 
 
 # The sandbox rewards give a random model's garbage the same score every time (all syntax errors):

@@ -208,7 +208,7 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
     from rlcode.cli import main
 
     repo = Path(__file__).resolve().parents[1]
-    base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml")]
+    base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml"), "--config", str(repo / "configs/tiny_grpo.yaml")]
     original_generate = GRPO.generate
 
     def answer_with_canonical_bodies(self, prompts, num_generations, **kwargs):

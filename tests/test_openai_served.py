@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.served, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2"  # the alias the server is started with
 STARTUP_SECONDS = 180
-MBPP_BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+MBPP_BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 SPIRAL_BASE = ["--config", str(REPO / "configs/spiral_tictactoe.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
 
 if importlib.util.find_spec("llama_cpp") is None:

@@ -207,7 +207,8 @@ def test_every_config_parses_with_the_profile_and_keeps_its_own_values(monkeypat
     """On a (faked) V100 every shipped config still parses, what it sets itself stays (null included),
     and the profile fills the rest."""
     _fake_gpu(monkeypatch, V100_16)
-    files = ([REPO / "configs/quickstart.yaml"] if config.name == "tiny_test.yaml" else []) + [config]
+    base = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"]}
+    files = [REPO / "configs" / name for name in base.get(config.name, [])] + [config]
     own: dict = {}
     for path in files:
         own.update({key.replace("model.init_args.", "model.", 1): value

@@ -22,7 +22,8 @@ from rlcode.training.learner import Learner
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml": "quickstart.yaml", "learn_mbpp_cpu_lora.yaml": "learn_mbpp_cpu.yaml"}
+OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
 # Linked from trainer.precision, so never printed (one precision knob).
 LINKED = {"precision"}
 
@@ -61,7 +62,7 @@ def test_no_setting_is_both_a_learner_and_a_mode_setting():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
 def test_the_model_section_lists_only_what_the_mode_reads(config, capsys):
-    base = [REPO / "configs" / OVERLAYS.get(config.name, "quickstart.yaml")] \
+    base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
         if config.name in OVERLAYS or config.parent.name == "hw" else []
     files = [*base, config]
     model = printed(capsys, *files)["model"]

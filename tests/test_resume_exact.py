@@ -36,7 +36,7 @@ def noisy_length_reward(prompts, completions, **columns) -> list[float]:
 
 
 def arguments(root: Path, *extra: str) -> list[str]:
-    return ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    return ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
             "--run.root_dir", str(root), "--trainer.max_steps", str(STEPS),
             "--model.mode.rewards", "['test_resume_exact:noisy_length_reward']", "--model.learning_rate", "1e-3",
             "--model.mode.sandbox.workers", "1", "--eval.at_start", "false", "--eval.at_end", "false", *extra]
