@@ -9,7 +9,6 @@ import torch
 
 from rlcode.algorithms.importance_correction import (
     corrected_advantages,
-    importance_corrected_advantages,
     truncated_importance_weights,
     weight_metrics,
 )
@@ -73,7 +72,7 @@ def test_folding_the_weights_into_the_advantages_weights_the_surrogate_and_not_t
     advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     beta, low, high = 0.04, 0.2, 0.28
 
-    corrected, _ = importance_corrected_advantages(advantages, old, sampler, mask)
+    corrected = corrected_advantages(advantages, truncated_importance_weights(old, sampler, mask))
     loss, _ = policy_loss(logps, corrected, mask, old, ref, loss_type="dapo", beta=beta,
                           epsilon_low=low, epsilon_high=high)
 

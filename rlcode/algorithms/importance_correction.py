@@ -59,13 +59,6 @@ def corrected_advantages(advantages: Tensor, weights: Tensor) -> Tensor:
     return advantages.unsqueeze(1) * weights.to(advantages.dtype)
 
 
-def importance_corrected_advantages(advantages: Tensor, trainer_logps: Tensor, sampler_logps: Tensor,
-                                    mask: Tensor, cap: float = DEFAULT_CAP) -> tuple[Tensor, dict[str, float]]:
-    """advantages [B] -> ([B, T] advantages carrying the truncated weights, the weights' metrics)."""
-    weights = truncated_importance_weights(trainer_logps, sampler_logps, mask, cap)  # [B, T]
-    return corrected_advantages(advantages, weights), weight_metrics(weights, mask, cap)
-
-
 def weight_metrics(weights: Tensor, mask: Tensor, cap: float = DEFAULT_CAP) -> dict[str, float]:
     """Mean, min and max weight over completion tokens, and the fraction truncated at the cap."""
     active = weights[mask.bool()]

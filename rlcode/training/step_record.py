@@ -1,6 +1,6 @@
-"""What one GRPO step did, as plain data: callbacks log, sample and plot from it.
+"""What one training step did, as plain data: callbacks log, sample and plot from it.
 
-The LightningModule fills one record per training step and keeps it as ``module.last_step``;
+The Learner fills one record per training step and keeps it as ``learner.last_step``;
 metrics, rollout logging, plots and the end-of-run summary read it in ``on_train_batch_end``,
 so the training step itself stays free of logging code.
 
