@@ -158,11 +158,11 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, ca
     failed everything, or passed everything, would not give it). Each eval batch prints a progress line."""
     import dataclasses
 
-    from rlcode.modes import GRPO
     from rlcode.data.mbpp import load_mbpp
+    from rlcode.training.learner import Learner
 
     tasks = []  # the first three problems of the split being scored
-    original_generate = GRPO.generate
+    original_generate = Learner.generate
 
     def answer_with_references(self, prompts, num_generations, **kwargs):
         rollout = original_generate(self, prompts, num_generations, **kwargs)
@@ -173,7 +173,7 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, ca
             texts.append(f"```python\n{task.code if right else 'def nothing(): pass'}\n```")
         return dataclasses.replace(rollout, completion_texts=texts)
 
-    monkeypatch.setattr(GRPO, "generate", answer_with_references)
+    monkeypatch.setattr(Learner, "generate", answer_with_references)
     for subcommand, prefix, split in (("validate", "mbpp_eval", "validation"), ("test", "mbpp_test", "test")):
         tasks[:] = load_mbpp(os.environ["MBPP_DATASET_PATH"], split=split)[:3]
         root = tmp_path / subcommand

@@ -202,14 +202,12 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
     import dataclasses
     from pathlib import Path
 
-    from rlcode.modes import GRPO
-
-    from grpo_harness import learner
     from rlcode.cli import main
+    from rlcode.training.learner import Learner
 
     repo = Path(__file__).resolve().parents[1]
     base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml"), "--config", str(repo / "configs/tiny_grpo.yaml")]
-    original_generate = GRPO.generate
+    original_generate = Learner.generate
 
     def answer_with_canonical_bodies(self, prompts, num_generations, **kwargs):
         rollout = original_generate(self, prompts, num_generations, **kwargs)
@@ -217,7 +215,7 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
         texts = [task_of[p].canonical_solution if task_of[p] is not tasks[2] else "    return 0\n" for p in prompts]
         return dataclasses.replace(rollout, completion_texts=texts)
 
-    monkeypatch.setattr(GRPO, "generate", answer_with_canonical_bodies)
+    monkeypatch.setattr(Learner, "generate", answer_with_canonical_bodies)
     for subcommand in ("validate", "test"):
         root = tmp_path / subcommand
         main([subcommand, *base, "--run.root_dir", str(root), "--data.num_eval_tasks", "3", "--data.prompt_format",

@@ -93,7 +93,7 @@ def _print_config(capsys, *args: str) -> dict:
         cli.main(["fit", *args, "--print_config"])
     assert exit_info.value.code in (0, None)
     merged = yaml.safe_load(capsys.readouterr().out)
-    merged["model"] = merged["model"]["init_args"]
+    merged["model"].pop("mode")  # the profile's keys are the learner's
     return merged
 
 
@@ -171,11 +171,11 @@ def test_the_switch_in_a_config(monkeypatch, capsys, tmp_path):
 def test_the_platform_line_lists_what_was_chosen_and_kept(monkeypatch, capsys):
     """End to end through LightningCLI: the trainer and model are built with the profile's values (the
     tiny overlay's micro-batch kept), and the platform line says which values and how to override."""
-    from rlcode.modes import GRPO
     from rlcode.data.datamodule import MBPPDataModule
+    from rlcode.training.learner import Learner
 
     _fake_gpu(monkeypatch, V100_16)
-    built = cli.RLCodeCLI(GRPO, MBPPDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+    built = cli.RLCodeCLI(Learner, MBPPDataModule, subclass_mode_model=False, subclass_mode_data=True, run=False,
                           auto_configure_optimizers=False,
                           args=["--config", str(REPO / "configs/quickstart.yaml"),
                                 "--config", str(REPO / "configs/tiny_test.yaml"), "--trainer.accelerator", "cpu"])
