@@ -84,7 +84,9 @@ def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_it
     assert len(first) == 1 and first[0].name.endswith(run_id), "the W&B run id is the run's id"
     log = finished(first[0] / f"run-{run_id}.wandb")
 
-    assert {"config", "learning_rate", "num_generations"} <= config_keys(log), "the merged config and hparams"
+    # the learner's settings, and the mode (class path and its settings, num_generations among them)
+    keys = config_keys(log)
+    assert {"config", "learning_rate"} <= keys and [k for k in keys if k.startswith("mode")], sorted(keys)
     rows = history(log)
     steps = {row["trainer/global_step"] for row in rows if "reward/avg_batch_reward" in row}
     assert steps == {0, 1}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
@@ -175,6 +175,4 @@ class Mode(ABC):
 
 def _plain(value):
     """Settings objects (dataclasses) as dicts, so checkpoints hold plain types only."""
-    from dataclasses import asdict, is_dataclass
-
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
