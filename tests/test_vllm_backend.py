@@ -382,7 +382,6 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
 def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
     """vLLM holds the merged policy, which switching adapters off does not change: the opponent samples
     the adapter-free base with transformers, never through the engine."""
-    from rlcode.training.frozen_policy import frozen_generator
     from rlcode.modes import SPIRAL
     from grpo_harness import learner
     from rlcode.rollout import HFGenerateBackend
@@ -395,7 +394,7 @@ def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name))))
     module.generate(PROMPTS, 1, temperature=1.0, seed=0)  # the engine now holds the merged, trained policy
-    opponent = frozen_generator(module, module._opponent_policy)
+    opponent = module.mode.opponents.actor(module).generate  # the frozen player's generation (frozen_generator)
     played = opponent(PROMPTS, 4).completion_ids.tolist()
 
     base = HFGenerateBackend(load_model("tiny-random").eval(), module.tokenizer)
