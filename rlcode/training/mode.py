@@ -150,7 +150,8 @@ class Mode(ABC):
 
     # ---- what the banner says -----------------------------------------------------------------------
     @abstractmethod
-    def description(self) -> ModeDescription: ...
+    def description(self) -> ModeDescription:
+        """What the run's banner and summary say about this mode (rewards, success, group size, opponent)."""
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -158,6 +159,7 @@ class Mode(ABC):
         return {"estimator": self.estimator.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back ``state_dict``'s state (with the checkpoint, before the first step of a resume)."""
         self.estimator.load_state_dict(state.get("estimator", {}))
 
     # ---- the settings, back as a config -------------------------------------------------------------
