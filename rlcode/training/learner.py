@@ -254,7 +254,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         loss_mask = mask_truncated(rollout.completion_mask, rollout.truncated) \
             if hp.mask_truncated_completions else rollout.completion_mask
         flat = self.mode.estimator.flat_rows(experience, rewards)  # [N] rows without a learning signal
-        totals = sum_over_ranks(ranks, rewards, loss_mask, flat.float().mean())  # the step's one collective
+        frac_flat = flat.float().mean() if flat.numel() else torch.zeros((), device=self.device)  # no rows: none flat
+        totals = sum_over_ranks(ranks, rewards, loss_mask, frac_flat)  # the step's one collective
         advantages = self.mode.estimator.advantages(ranks, experience, rewards, totals)
         rows = self._rows_to_train(advantages)
         update = not hp.dry_run and totals.loss.tokens > 0 and ranks.any(len(rows) > 0)
@@ -266,7 +267,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
 
         timings["step"] = time.perf_counter() - step_started
         self.last_step = experience.record(step=step, advantages=advantages, updated=update, loss=loss_parts,
-                                           totals=totals, frac_zero_std=float(flat.float().mean()), timings=timings,
+                                           totals=totals, frac_zero_std=float(frac_flat), timings=timings,
                                            extra_metrics=extra_metrics)
 
     def _rows_to_train(self, advantages):

@@ -74,6 +74,8 @@ class LearnerView(Protocol):
     global_rank: int
     policy: Any
     tokenizer: Any
+    trainer: Any
+    """Lightning's trainer: evaluation steps read the size of their loop from it."""
 
     def render(self, prompt) -> str:
         """Chat messages or plain text -> what the backend encodes."""
