@@ -77,13 +77,14 @@ class Setup:
         self.folder = build_model_folder(Path(args.work_dir), DRY_RUN if args.dry_run else QWEN25_15B)
 
     def grpo(self, **extra):
-        from rlcode.algorithms.grpo import GRPO
+        from rlcode.modes import GRPO
+        from rlcode.training.learner import Learner
 
-        settings = dict(model_name=str(self.folder), rewards=["gpu_check:length_reward"], reward_weights=None,
-                        num_generations=self.generations, max_new_tokens=self.max_new_tokens, temperature=1.0,
+        settings = dict(model_name=str(self.folder), max_new_tokens=self.max_new_tokens, temperature=1.0,
                         learning_rate=1e-6, loss_type="dapo", beta=0.0, micro_batch_size=self.generations,
                         generation_seed=0)
-        return GRPO(**{**settings, **extra})
+        mode = GRPO(rewards=["gpu_check:length_reward"], reward_weights=None, num_generations=self.generations)
+        return Learner(mode=mode, **{**settings, **extra})
 
     def fit(self, module, precision: str, datamodule=None, steps: int | None = None) -> dict:
         """Train ``steps`` steps; completion tokens/s after the first (warm-up) step, peak GPU memory."""
@@ -268,10 +269,11 @@ def check_qlora(setup: Setup) -> dict:
 
 
 def check_spiral(setup: Setup) -> dict:
-    from rlcode.algorithms.spiral import SPIRAL
     from rlcode.data.games import GameDataModule
+    from rlcode.modes import SPIRAL
+    from rlcode.training.learner import Learner
 
-    module = SPIRAL(model_name=str(setup.folder), opponent="self", move_format="bracket", max_turns=4,
+    module = Learner(mode=SPIRAL(opponent="self", move_format="bracket", max_turns=4), model_name=str(setup.folder),
                     max_new_tokens=setup.max_new_tokens, temperature=1.0, micro_batch_size=8, loss_type="dr_grpo",
                     beta=0.0, precision="bf16-mixed")
     return setup.fit(module, "bf16-mixed", datamodule=GameDataModule(episodes_per_step=2, eval_episodes=1), steps=1)

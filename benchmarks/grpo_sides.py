@@ -153,7 +153,9 @@ def run_rlcode(settings: Settings) -> dict:
     import lightning as L
     from torch.utils.data import DataLoader, IterableDataset
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from rlcode.training.learner import Learner
+    from rlcode.training.run_context import SandboxSettings
 
     rows = prompt_rows(settings.prompts_per_step * settings.steps * 2)  # spare batches: a step may not update
     batches = [rows[i:i + settings.prompts_per_step] for i in range(0, len(rows), settings.prompts_per_step)]
@@ -182,8 +184,9 @@ def run_rlcode(settings: Settings) -> dict:
 
     reward = "execution" if settings.reward == "execution" else "grpo_sides:completion_length_reward"
     loaded = time.perf_counter()
-    module = GRPO(model_name=settings.model, rewards=[reward], reward_timeout=5.0, sandbox_workers=settings.threads,
-                  num_generations=settings.num_generations, max_new_tokens=settings.max_new_tokens,
+    mode = GRPO(rewards=[reward], reward_timeout=5.0, sandbox=SandboxSettings(workers=settings.threads),
+                num_generations=settings.num_generations)
+    module = Learner(mode=mode, model_name=settings.model, max_new_tokens=settings.max_new_tokens,
                   temperature=settings.temperature, learning_rate=settings.learning_rate, loss_type="dapo",
                   beta=settings.beta, micro_batch_size=settings.micro_batch_size, max_grad_norm=1.0,
                   generation_seed=settings.seed, share_prefix=settings.share_prefix)

@@ -27,13 +27,15 @@ DEFAULT_MBPP = str(REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 def evaluate(checkpoint: Path | None, problems: int, attempts: int, batch: int) -> dict:
     import torch
 
-    from rlcode.algorithms.multistep import MultiStepMBPP, attempt_metrics
+    from rlcode.modes import MultiStepMBPP
+    from rlcode.modes.multistep import attempt_metrics
+    from rlcode.training.learner import Learner
     from rlcode.data.mbpp import load_mbpp
     from rlcode.envs.mbpp_feedback import MBPPFeedbackEnv
     from rlcode.envs.runner import EpisodeRunner
     from rlcode.sandbox import SandboxPool
 
-    module = MultiStepMBPP(model_name="smollm2-135m-instruct", max_new_tokens=160, stop=["\n```\n"])
+    module = Learner(mode=MultiStepMBPP(), model_name="smollm2-135m-instruct", max_new_tokens=160, stop=["\n```\n"])
     module.configure_model()
     if checkpoint is not None:
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]

@@ -40,19 +40,21 @@ def sample_rows(setting: str, path: Path, model: str) -> None:
     if setting == "grpo":
         from grpo_sides import prompt_rows
 
-        from rlcode.algorithms.grpo import GRPO
+        from rlcode.modes import GRPO
+        from rlcode.training.learner import Learner
 
-        module = GRPO(model_name=model, num_generations=4, max_new_tokens=64, temperature=1.0)
+        module = Learner(mode=GRPO(num_generations=4), model_name=model, max_new_tokens=64, temperature=1.0)
         module.configure_model()
         prompts = [module.render(row["prompt"]) for row in prompt_rows(4)]
         rollout = module.generate(prompts, 4, temperature=1.0, seed=0)
     else:
-        from rlcode.algorithms.spiral import SPIRAL
+        from rlcode.modes import SPIRAL
+        from rlcode.training.learner import Learner
 
-        module = SPIRAL(model_name=model, opponent="self", move_format="bracket", max_turns=9,
-                        max_new_tokens=24, temperature=1.0)
+        module = Learner(mode=SPIRAL(opponent="self", move_format="bracket", max_turns=9), model_name=model,
+                         max_new_tokens=24, temperature=1.0)
         module.configure_model()
-        turns = module.collect({"game": ["TicTacToe-v0"] * 8, "seed": list(range(8)), "step": 0})
+        turns = module.mode.collect(module, {"game": ["TicTacToe-v0"] * 8, "seed": list(range(8)), "step": 0})
         rollout = turns.rollout
     torch.save({name: getattr(rollout, name).cpu() for name in
                 ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}, path)

@@ -30,11 +30,12 @@ GAME = "TicTacToe-v0"
 
 
 def runner_throughput(episodes: int, max_new_tokens: int) -> dict:
-    from rlcode.algorithms.spiral import SPIRAL
     from rlcode.envs.runner import EpisodeRunner
+    from rlcode.modes import SPIRAL
+    from rlcode.training.learner import Learner
 
-    module = SPIRAL(model_name="smollm2-135m-instruct", move_format="bracket", max_turns=9,
-                    max_new_tokens=max_new_tokens, temperature=1.0)
+    module = Learner(mode=SPIRAL(move_format="bracket", max_turns=9), model_name="smollm2-135m-instruct",
+                     max_new_tokens=max_new_tokens, temperature=1.0)
     module.configure_model()
     tokens = [0]
 
@@ -49,11 +50,11 @@ def runner_throughput(episodes: int, max_new_tokens: int) -> dict:
         runner = EpisodeRunner(module.render, generate)
         started = time.perf_counter()
         if mode == "batched":
-            played = runner.play([module.make_game(GAME) for _ in range(episodes)], list(range(episodes)),
+            played = runner.play([module.mode.make_game(GAME) for _ in range(episodes)], list(range(episodes)),
                                  [(0, 1)] * episodes, sampling_seed=1)
         else:
             played = [e for i in range(episodes)
-                      for e in runner.play([module.make_game(GAME)], [i], [(0, 1)], sampling_seed=1 + i)]
+                      for e in runner.play([module.mode.make_game(GAME)], [i], [(0, 1)], sampling_seed=1 + i)]
         seconds = time.perf_counter() - started
         results[mode] = {"episodes": len(played), "seconds": seconds, "episodes_per_s": len(played) / seconds,
                          "tokens_per_s": tokens[0] / seconds, "generation_calls": runner.backend_calls,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlcode.envs.game_evaluation import outcome_rates, play_against_random, rate_metrics
+from rlcode.envs.game_evaluation import outcome_rates, rate_metrics
 
 
 class GameEval(L.Callback):
@@ -42,13 +42,14 @@ class GameEval(L.Callback):
             self.evaluate(trainer, pl_module)
 
     def evaluate(self, trainer, pl_module) -> dict[str, float] | None:
-        if not callable(getattr(pl_module, "make_game", None)) or not hasattr(trainer.datamodule, "eval_batches"):
+        mode = getattr(pl_module, "mode", None)
+        if not callable(getattr(mode, "play_against_random", None)) or not hasattr(trainer.datamodule, "eval_batches"):
             return None  # not a game mode
 
         episodes = [e for batch in trainer.datamodule.eval_batches()
-                    for e in play_against_random(pl_module, batch, seed=trainer.global_step)]
+                    for e in mode.play_against_random(pl_module, batch, seed=trainer.global_step)]
         metrics = rate_metrics(outcome_rates(episodes))
-        for key, value in pl_module.baselines.values.items():
+        for key, value in mode.baselines.values.items():
             game, role = key.rsplit("/", 1)
             metrics[f"spiral/{game}/baseline_role{role}"] = value
         if trainer.is_global_zero:

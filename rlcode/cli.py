@@ -1,7 +1,8 @@
 """``rlcode fit|validate|test --config configs/X.yaml``: the LightningCLI of the project.
 
-The config surface is the typed ``__init__`` of each class: ``model:`` is ``rlcode.algorithms.grpo.GRPO``,
-``data:`` is ``rlcode.data.datamodule.MBPPDataModule``, ``eval:`` / ``rollout_log:`` / ``checkpoint:``
+The config surface is the typed ``__init__`` of each class: ``model:`` is ``rlcode.training.learner.Learner``
+(the settings every mode reads), ``model.mode:`` the training mode (``class_path: rlcode.modes.SPIRAL`` and
+its ``init_args``; GRPO when a config names none), ``data:`` is ``rlcode.data.datamodule.MBPPDataModule``, ``eval:`` / ``rollout_log:`` / ``checkpoint:``
 are callbacks, ``run:`` is ``RunSettings`` below, ``trainer:`` is Lightning's. Several ``--config``
 files overlay left to right; ``--print_config`` shows the merged result.
 
@@ -38,12 +39,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
-from rlcode import cli_errors, cli_help  # noqa: E402
-from rlcode.algorithms.grpo import GRPO  # noqa: E402
-# Imported so that jsonargparse knows them: `--model SPIRAL` works and `rlcode fit --help` lists them.
-from rlcode.algorithms.code_game import CodeGame  # noqa: E402, F401
-from rlcode.algorithms.multistep import MultiStepMBPP  # noqa: E402, F401
-from rlcode.algorithms.spiral import SPIRAL  # noqa: E402, F401
+from rlcode import cli_errors, cli_help, cli_old_form  # noqa: E402
+# Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
+from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
+from rlcode.training.learner import Learner  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
@@ -124,21 +123,22 @@ class RLCodeCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
-        # The training mode is the model's class (GRPO, or a subclass such as SPIRAL) and the data's
-        # (MBPP prompts, or games); configs that name neither get GRPO on MBPP.
-        parser.set_defaults({"model": {"class_path": "rlcode.algorithms.grpo.GRPO"},
+        # The training mode is model.mode's class (GRPO, SPIRAL, ...) and the data's class (MBPP
+        # prompts, or games); configs that name neither get GRPO on MBPP.
+        parser.set_defaults({"model.mode": {"class_path": cli_help.DEFAULT_MODE},
                              "data": {"class_path": "rlcode.data.datamodule.MBPPDataModule"}})
         parser.add_lightning_class_args(MBPPEval, "eval")
         parser.add_lightning_class_args(GameEval, "game_eval")
         parser.add_lightning_class_args(RolloutLogging, "rollout_log")
         parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
         # One precision knob: the trainer's decides the dtype the model's weights load in.
-        parser.link_arguments("trainer.precision", "model.init_args.precision", compute_fn=_weight_precision)
+        parser.link_arguments("trainer.precision", "model.precision", compute_fn=_weight_precision)
         cli_help.retitle_groups(parser)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # The user's own arguments: errors point into them and the summary's resume command repeats them.
         self.arguments = sys.argv[1:] if args is None else list(args)
+        cli_old_form.check(self.arguments)  # a config of the form before modes: one line naming the new form
         try:
             # Before parsing, so that --print_config shows the GPU profile's values.
             argv, self._platform_profile = with_profile(parser, args)
@@ -202,9 +202,8 @@ def _choose_precision(config, profile=None) -> None:
         chosen, how = default_precision(info), "chosen for this hardware"
         config["trainer"]["precision"] = chosen
         model = config.get("model") or {}
-        settings = model["init_args"] if "init_args" in model else model  # subclass mode: under init_args
-        if "precision" in settings:
-            settings["precision"] = _weight_precision(chosen)
+        if "precision" in model:
+            model["precision"] = _weight_precision(chosen)
     profile_text = f"; {profile.describe()}" if profile is not None else ""
     print(f"platform: {info.describe()}; precision {chosen} ({how}){profile_text}", flush=True)
 
@@ -263,9 +262,9 @@ def main(args: list[str] | None = None) -> None:
         return export_main(argv[1:])
     try:
         RLCodeCLI(
-            GRPO,
+            Learner,  # its mode (model.mode) is GRPO by default
             L.LightningDataModule,  # MBPPDataModule by default; GameDataModule for SPIRAL
-            subclass_mode_model=True,
+            subclass_mode_model=False,
             subclass_mode_data=True,
             args=args,
             save_config_callback=_SaveConfig,

@@ -20,8 +20,9 @@ from pathlib import Path
 import yaml
 
 from rlcode.rewards.factory import check_reward_names
-from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODEL_CLASSES
+from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODE_CLASSES
 from rlcode.models.aliases import MODEL_ALIASES
+from rlcode.training.learner import Learner
 
 DEBUG_ENV = "RLCODE_DEBUG"
 _DEBUG_HINT = "--debug shows the full message"
@@ -160,8 +161,8 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     if 'expected "subcommand"' in message:
         return UserError(f"no command given\n  Commands: {', '.join(COMMANDS)}; e.g. rlcode fit --config "
                          "configs/quickstart.yaml (rlcode --help)")
-    _, help_of = _find(lines, r"^--(\w+)\.help: (?:module '([\w.]+)' has no attribute '(\w+)'|.*: (\S+)$)")
-    if help_of:  # rlcode fit --model.help SPIRALL
+    _, help_of = _find(lines, r"^--([\w.]+)\.help: (?:module '([\w.]+)' has no attribute '(\w+)'|.*: (\S+)$)")
+    if help_of:  # rlcode fit --model.mode.help SPIRALL
         group, module, name, given = help_of.groups()
         return _unknown_class([group], given or f"{module}.{name}", argv, where=f"in --{group}.help")
     index, path = _find(lines, r"Expected a path but (\S+) either not accessible or invalid")
@@ -228,16 +229,18 @@ def _context_of(error) -> str:
 
 
 def _unknown_class(keys: list[str], given: str, argv: list[str], where: str = "") -> UserError:
+    if keys[-1:] == ["mode"] and not given.startswith("{"):  # model.mode: a training mode's class
+        keys = ["model.mode"]
     if len(keys) > 1 or given.startswith("{"):  # e.g. --model.lora '{r:4}': YAML needs a space after ':'
         dotted = ".".join(keys)
         return UserError(f"{dotted} cannot be {given!r} ({locate(keys, argv) or 'in a config'})\n"
                          f"  Give its settings as YAML with a space after each colon, --{dotted} '{{NAME: VALUE}}', "
                          f"or one at a time, --{dotted}.NAME VALUE")
-    group = keys[0] if keys else "model"
-    known = DATA_CLASSES if group == "data" else MODEL_CLASSES
+    group = keys[0] if keys else "model.mode"
+    known = DATA_CLASSES if group == "data" else MODE_CLASSES
     short = {path.rsplit(".", 1)[1]: path for path in known}
     suggestion = did_you_mean(given, known) or did_you_mean(given, short)
-    where = where or locate([group], argv) or locate([group, "class_path"], argv)
+    where = where or locate(group.split("."), argv) or locate([*group.split("."), "class_path"], argv)
     return UserError(f"unknown {group} class {given!r} ({where or 'class_path'})\n"
                      f"  {suggestion}The {group} classes: {', '.join(known)}")
 
@@ -248,7 +251,8 @@ def _unknown_option(keys: list[str], class_path: str | None, argv: list[str], co
     owner = class_path.rsplit(".", 1)[-1] if class_path else keys[0]
     suggestion = did_you_mean(keys[-1], names, prefix=f"did you mean {'.'.join(keys[:-1])}.") if names else ""
     where = locate(keys, argv)
-    listing = (f"rlcode {command} --{keys[0]}.help {class_path}" if len(keys) == 2 and class_path
+    group = ".".join(keys[:-1])  # model, data, or model.mode
+    listing = (f"rlcode {command} --{group}.help {class_path}" if group in ("model", "data", "model.mode") and class_path
                else f"rlcode {command} --help")
     return UserError(f"{dotted} is not a setting of {owner} ({where or 'in a config'})\n"
                      f"  {suggestion}Its settings: {listing}")
@@ -337,7 +341,9 @@ def explain_init_error(error: Exception, argv: list[str]) -> UserError:
     cls = re.search(r"class_path='([^']+)'", message)
     key = re.match(r"(?:model\.|data\.)?(\w+)=", reason)
     group = "data" if cls and cls.group(1) in DATA_CLASSES else "model"
-    where = locate([group, key.group(1)], argv) if key else ""
+    if group == "model" and key and key.group(1) not in inspect.signature(Learner.__init__).parameters:
+        group = "model.mode"  # a mode's own check of its settings
+    where = locate([*group.split("."), key.group(1)], argv) if key else ""
     context = [f"{group}: {cls.group(1)}"] if cls else []
     context += [where] if where else []
     return UserError(f"{reason}\n  ({'; '.join(context)})" if context else reason)
@@ -359,8 +365,9 @@ def check_before_building(config) -> None:
     settings = model.get("init_args", model)
     if settings.get("model_name"):
         check_model_name(settings["model_name"], settings.get("rollout_backend"))
-    if settings.get("rewards"):
-        check_reward_names(settings["rewards"])
+    mode = settings.get("mode") or {}
+    if (mode.get("init_args") or {}).get("rewards"):
+        check_reward_names(mode["init_args"]["rewards"])
 
 
 def check_ckpt_path(ckpt_path: str | None, run) -> None:

@@ -3,7 +3,7 @@
 LightningCLI's own help describes a generic Lightning trainer ("Lightning Trainer command line
 tool", "Runs the full optimization routine.", LightningDataModule's docstring cut mid-sentence as the
 data section's heading). A training mode is a (model class, data class) pair, which a user picks
-with ``class_path`` in a config: the table below is where the help, the "did you mean" of an unknown
+with ``model.mode.class_path`` and ``data.class_path`` in a config: the table below is where the help, the "did you mean" of an unknown
 class (``rlcode.cli_errors``) and the README name them.
 """
 
@@ -17,7 +17,7 @@ from jsonargparse import DefaultHelpFormatter
 
 @dataclass(frozen=True)
 class Mode:
-    """One training mode: its model class, the data class it needs and a config that runs it."""
+    """One training mode: its class (``model.mode``), the data class it needs and a config that runs it."""
 
     title: str
     model: str
@@ -28,14 +28,14 @@ class Mode:
 MBPP_DATA = "rlcode.data.datamodule.MBPPDataModule"
 GAME_DATA = "rlcode.data.games.GameDataModule"
 MODES = (
-    Mode("GRPO on MBPP (the default)", "rlcode.algorithms.grpo.GRPO", MBPP_DATA, "configs/quickstart.yaml"),
-    Mode("SPIRAL self-play on text games", "rlcode.algorithms.spiral.SPIRAL", GAME_DATA,
-         "configs/spiral_tictactoe.yaml"),
-    Mode("multi-step MBPP with execution feedback", "rlcode.algorithms.multistep.MultiStepMBPP", MBPP_DATA,
+    Mode("GRPO on MBPP (the default)", "rlcode.modes.GRPO", MBPP_DATA, "configs/quickstart.yaml"),
+    Mode("SPIRAL self-play on text games", "rlcode.modes.SPIRAL", GAME_DATA, "configs/spiral_tictactoe.yaml"),
+    Mode("multi-step MBPP with execution feedback", "rlcode.modes.MultiStepMBPP", MBPP_DATA,
          "configs/multistep_mbpp.yaml"),
-    Mode("the adversarial code game", "rlcode.algorithms.code_game.CodeGame", MBPP_DATA, "configs/code_game.yaml"),
+    Mode("the adversarial code game", "rlcode.modes.CodeGame", MBPP_DATA, "configs/code_game.yaml"),
 )
-MODEL_CLASSES = tuple(mode.model for mode in MODES)
+MODE_CLASSES = tuple(mode.model for mode in MODES)
+DEFAULT_MODE = MODE_CLASSES[0]
 DATA_CLASSES = (MBPP_DATA, GAME_DATA)
 
 # One line per command; `export` is not a Lightning subcommand (rlcode.cli hands it to rlcode.export).
@@ -52,19 +52,19 @@ CKPT_PATH_HELP = ("checkpoint to start from: a .ckpt file (inside a run director
                   "directory (none yet: start fresh)")
 
 _mode_lines = "".join(
-    f"  {mode.title}:\n    model: {mode.model}\n"
+    f"  {mode.title}:\n    model.mode: {mode.model}\n"
     + (f"    data:  {mode.data}\n" if mode.data != MBPP_DATA else "")
     + f"    e.g.   rlcode fit --config {mode.config}\n"
     for mode in MODES)
 EPILOG = (
-    "training modes (class_path of model: and data: in a config, or --model / --data):\n" + _mode_lines
-    + "\nSettings of a mode: rlcode fit --model.help SPIRAL. Several --config files overlay left to right;\n"
+    "training modes (class_path of model.mode: and data: in a config, or --model.mode / --data):\n" + _mode_lines
+    + "\nSettings of a mode: rlcode fit --model.mode.help SPIRAL. Several --config files overlay left to right;\n"
     "--print_config shows the merged result. A mistake prints a short message naming the key and the fix;\n"
     "--debug (or RLCODE_DEBUG=1) shows the full traceback."
 )
 
-MODEL_TITLE = ("Model: the training mode's class and its settings (" + ", ".join(
-    path.rsplit(".", 1)[1] for path in MODEL_CLASSES) + "; rlcode fit --model.help CLASS lists a mode's settings)")
+MODEL_TITLE = ("Model: the learner's settings (every mode reads them) and model.mode, the training mode (" + ", ".join(
+    path.rsplit(".", 1)[1] for path in MODE_CLASSES) + "; rlcode fit --model.mode.help CLASS lists a mode's settings)")
 DATA_TITLE = ("Data: MBPPDataModule (MBPP prompts; the default) or GameDataModule (SPIRAL's games); "
               "rlcode fit --data.help CLASS lists its settings")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import pickle
 import shutil
 import tempfile
@@ -21,13 +20,11 @@ from typing import Any
 
 import torch
 
-from rlcode.algorithms.code_game import CodeGame
-from rlcode.algorithms.grpo import GRPO
-from rlcode.algorithms.multistep import MultiStepMBPP
-from rlcode.algorithms.spiral import SPIRAL
-from rlcode.models import is_lora_model, load_model, weight_dtype
+from jsonargparse import ArgumentParser
 
-MODES = (GRPO, SPIRAL, MultiStepMBPP, CodeGame)
+from rlcode.models import is_lora_model, load_model, weight_dtype
+from rlcode.training.learner import Learner
+from rlcode.training.mode import Mode
 # Settings that build things export never uses: a vLLM engine or a server client instead of the
 # weights, activation checkpointing (it would also save use_cache=false into config.json), a frozen
 # KL reference copy of the whole model.
@@ -66,7 +63,7 @@ def export(ckpt: str | Path, out: str | Path, *, merge: bool = False) -> Path:
         partial.rename(out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    print(f"rlcode export: {kind} of {type(module).__name__} at step {checkpoint.get('global_step', '?')} in {out}")
+    print(f"rlcode export: {kind} of {type(module.mode).__name__} at step {checkpoint.get('global_step', '?')} in {out}")
     return out
 
 
@@ -90,37 +87,36 @@ def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def mode_class(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> type[GRPO]:
-    """The checkpoint's training mode: the ``_class_path`` LightningCLI stores in the hyperparameters
-    or, for a module saved from Python (no class path), the mode whose settings are exactly those saved."""
-    settings = checkpoint["hyper_parameters"]
-    class_path = settings.get("_class_path")
-    if class_path is None:
-        keys = {key for key in settings if not key.startswith("_")}
-        matches = [mode for mode in MODES if _settings_of(mode) == keys]
-        if len(matches) != 1:
-            raise ExportError(f"{ckpt} names no model class and its settings match no rlcode mode "
-                              f"({', '.join(m.__name__ for m in MODES)}): pass a .ckpt written by rlcode fit")
-        return matches[0]
-    module_name, _, name = str(class_path).rpartition(".")
+def build_mode(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> Mode:
+    """The checkpoint's training mode, built from ``hyper_parameters["mode"]`` (its class path and
+    settings, as the Learner saves them) the way a config builds it (settings objects from dicts)."""
+    spec = checkpoint["hyper_parameters"].get("mode")
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        raise ExportError(f"{ckpt} names no training mode (hyper_parameters has no mode): it was written by an "
+                          "rlcode from before model.mode, or not by rlcode fit; export it with the rlcode that wrote it")
+    module_name, _, name = str(spec["class_path"]).rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError):
-        raise ExportError(f"{ckpt} was trained with {class_path}, which cannot be imported here: "
+        raise ExportError(f"{ckpt} was trained with the mode {spec['class_path']}, which cannot be imported here: "
                           "install or put on PYTHONPATH the package that defines it") from None
-    if not (isinstance(cls, type) and issubclass(cls, GRPO)):
-        raise ExportError(f"{ckpt} holds a {class_path}, not an rlcode training mode (GRPO or a subclass: "
-                          f"{', '.join(m.__name__ for m in MODES[1:])}): pass a .ckpt written by rlcode fit")
-    return cls
+    if not (isinstance(cls, type) and issubclass(cls, Mode)):
+        raise ExportError(f"{ckpt} names {spec['class_path']} as its mode, which is not an rlcode training mode "
+                          "(rlcode.training.mode.Mode): pass a .ckpt written by rlcode fit")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--mode", type=Mode)
+    config = parser.parse_object({"mode": {"class_path": spec["class_path"], "init_args": spec.get("init_args", {})}})
+    return parser.instantiate_classes(config).mode
 
 
-def restore_module(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> GRPO:
-    """The checkpoint's own class, built from its settings, with the trained weights loaded."""
-    cls = mode_class(checkpoint, ckpt)
-    settings = {key: value for key, value in checkpoint["hyper_parameters"].items() if not key.startswith("_")}
+def restore_module(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoint") -> Learner:
+    """The checkpoint's Learner and mode, built from its settings, with the trained weights loaded."""
+    mode = build_mode(checkpoint, ckpt)
+    settings = {key: value for key, value in checkpoint["hyper_parameters"].items()
+                if not key.startswith("_") and key != "mode"}
     settings.update({key: value for key, value in _EXPORT_SETTINGS.items() if key in settings})
     settings["dry_run"] = False  # a served dry run would build no local policy at all
-    module = cls(**settings)
+    module = Learner(mode=mode, **settings)
     module.configure_model()
     saved = checkpoint["state_dict"]
     result = module.load_state_dict(saved, strict=False)
@@ -131,14 +127,14 @@ def restore_module(checkpoint: dict[str, Any], ckpt: str | Path = "the checkpoin
     absent = set(result.missing_keys) - expected_missing
     if result.unexpected_keys or absent:
         what = "LoRA adapters" if is_lora_model(module.policy) else "full weights"
-        raise ExportError(f"{ckpt} does not fit {cls.__name__}({module.hparams.model_name!r}) with {what}: "
+        raise ExportError(f"{ckpt} does not fit {type(mode).__name__}({module.hparams.model_name!r}) with {what}: "
                           f"{len(absent)} weights missing (e.g. {sorted(absent)[:1]}), {len(result.unexpected_keys)} "
                           f"unexpected (e.g. {result.unexpected_keys[:1]}): was it written by a different rlcode?")
     module.policy.eval()
     return module
 
 
-def merged_model(module: GRPO):
+def merged_model(module: Learner):
     """A plain (peft-free, unquantized) copy of the LoRA policy with the adapters folded in.
 
     Every merged weight is computed in float64 from the weights the trained policy computes with (a
@@ -193,14 +189,6 @@ def _delta_weight(layer, adapter: str, name: str) -> torch.Tensor:
         if part is not None and adapter in part:
             part.to(torch.float64)  # peft computes the delta in the adapters' dtype
     return layer.get_delta_weight(adapter).detach().to("cpu", torch.float64)
-
-
-def _settings_of(mode: type[GRPO]) -> set[str]:
-    names: set[str] = set()
-    for cls in mode.__mro__[: mode.__mro__.index(GRPO) + 1]:
-        names |= {p.name for p in inspect.signature(cls.__init__).parameters.values()
-                  if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-    return names
 
 
 def main(argv: list[str]) -> None:

@@ -13,7 +13,9 @@ import lightning as L
 import torch
 
 from exact_float64 import assert_float64_equal, in_float64
+from rlcode.modes import GRPO
 from rlcode.rollout.assembly import batch_from_token_lists
+from rlcode.training.learner import Learner
 
 PROMPT_LENGTH = 5
 
@@ -70,19 +72,23 @@ class GradientRecorder(L.Callback):
                              for name, p in pl_module.policy.named_parameters() if p.requires_grad})
 
 
+MODE_SETTINGS = ("rewards", "reward_weights", "reward_timeout", "num_generations", "scale_rewards", "sandbox")
+
+
 def build_module(configure: bool = True, float64: bool = False, **overrides):
-    """A GRPO on the tiny random model with fixed rollouts (``configure``: build the model now).
+    """A Learner with the GRPO mode on the tiny random model with fixed rollouts (``configure``: build
+    the model now). ``overrides`` may hold the learner's settings and GRPO's (``MODE_SETTINGS``).
 
     ``float64``: weights and arithmetic in float64 throughout (``exact_float64``), for gradient
     comparisons that hold to rounding; ``fit_steps`` then trains in Lightning's "64-true".
     """
-    from rlcode.algorithms.grpo import GRPO
-
-    settings = dict(model_name="tiny-random", rewards=["grpo_harness:length_reward"], num_generations=4,
-                    max_new_tokens=6, micro_batch_size=8, max_grad_norm=None, learning_rate=1e-3)
+    settings = {"model_name": "tiny-random", "max_new_tokens": 6, "micro_batch_size": 8, "max_grad_norm": None,
+                "learning_rate": 1e-3, **{k: v for k, v in overrides.items() if k not in MODE_SETTINGS}}
+    mode = GRPO(**{"rewards": ["grpo_harness:length_reward"], "num_generations": 4,
+                   **{k: v for k, v in overrides.items() if k in MODE_SETTINGS}})
     if float64:
         settings["precision"] = "64-true"
-    module = GRPO(**{**settings, **overrides})
+    module = Learner(mode=mode, **settings)
     if float64:
         configure_model = module.configure_model
 
@@ -130,3 +136,13 @@ def assert_same_gradients(a: dict, b: dict) -> None:
 
 def _is_zero(tensor) -> bool:
     return tensor is None or not bool(tensor.abs().max() > 0)
+
+
+def learner(mode_class=GRPO, **settings):
+    """``Learner(mode=mode_class(...), ...)`` from one set of keyword settings, split between the mode
+    (the arguments of its ``__init__``) and the learner (the rest)."""
+    import inspect
+
+    own = set(inspect.signature(mode_class.__init__).parameters) - {"self"}
+    mode = mode_class(**{key: value for key, value in settings.items() if key in own})
+    return Learner(mode=mode, **{key: value for key, value in settings.items() if key not in own})

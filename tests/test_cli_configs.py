@@ -12,33 +12,37 @@ from rlcode.run_dir import loggers
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml": "quickstart.yaml",  # overlay -> the config it is applied on top of
-            "learn_mbpp_cpu_lora.yaml": "learn_mbpp_cpu.yaml"}
+OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it is applied on top of
+            "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
 def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
-    """The merged config, with the model's and the data's class (subclass mode) beside their settings."""
+    """The merged config: ``model`` holds the learner's settings and the mode's (``model_class``: the
+    mode's class), ``data`` the data's settings (``data_class``: its class)."""
     args = ["fit"] + [item for config in configs for item in ("--config", str(config))] + list(extra)
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*args, "--print_config"])
     assert exit_info.value.code in (0, None)
     merged = yaml.safe_load(capsys.readouterr().out)
-    for key in ("model", "data"):
-        merged[f"{key}_class"] = merged[key]["class_path"]
-        merged[key] = merged[key].get("init_args", {})
+    mode = merged["model"].pop("mode")
+    merged["model_class"] = mode["class_path"]
+    merged["model"] = {**merged["model"], **mode.get("init_args", {})}
+    merged["data_class"] = merged["data"]["class_path"]
+    merged["data"] = merged["data"].get("init_args", {})
     return merged
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
 def test_every_config_parses(config, capsys):
-    base = [REPO / "configs" / OVERLAYS.get(config.name, "quickstart.yaml")] \
+    base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
         if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
     merged = _print_config(capsys, *base, config)
     if merged["model_class"].endswith(".SPIRAL"):
         assert merged["data_class"].endswith(".GameDataModule") and merged["data"]["games"]
-    else:
-        assert merged["model"]["rewards"], "a config without rewards cannot train"
+    elif merged["model_class"].endswith(".GRPO"):
+        assert merged["model"]["rewards"], "a GRPO config without rewards cannot train"
     assert merged["checkpoint"] and merged["eval"] and merged["run"]["experiment"]
     text = config.read_text().lower()
     assert "api_key" not in text and "wandb_api" not in text  # secrets live in the environment / .env
@@ -46,7 +50,7 @@ def test_every_config_parses(config, capsys):
 
 def test_overlays_apply_left_to_right(capsys):
     merged = _print_config(capsys, REPO / "configs/quickstart.yaml", REPO / "configs/tiny_test.yaml",
-                           extra=("--model.num_generations", "3"))
+                           extra=("--model.mode.num_generations", "3"))
     assert merged["model"]["model_name"] == "tiny-random"  # from the overlay
     assert merged["model"]["temperature"] == 1.0
     assert merged["data"]["prompt_format"] == "chat"  # kept from the base

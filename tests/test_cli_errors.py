@@ -14,19 +14,19 @@ from rlcode import cli_errors
 from rlcode.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 
 YAML_FILES = {  # name -> text of a config with one mistake
     "typo.yaml": "model:\n  temperature: 1.0\n  learnig_rate: 1e-5\n",
     "top.yaml": "run:\n  experiment: x\nevall:\n  num_questions: 3\n",
-    "badtype.yaml": "model:\n  num_generations: two\n",
+    "badtype.yaml": "model:\n  mode:\n    init_args:\n      num_generations: two\n",
     "syntax.yaml": "model:\n  temperature: [1.0\n  top_p: 1\n",
 }
 # name -> (arguments after `rlcode`, strings the report must contain); {tmp} is the test's folder
 CASES = {
     "key_typo_on_the_command_line": (
         ["fit", *TINY, "--model.learnig_rate", "1e-5"],
-        ["model.learnig_rate is not a setting of GRPO", "on the command line", "did you mean model.learning_rate?"]),
+        ["--model.learnig_rate is not a setting", "on the command line", "did you mean --model.learning_rate?"]),
     "key_typo_in_yaml": (
         ["fit", *TINY, "--config", "{tmp}/typo.yaml"],
         ["model.learnig_rate", "{tmp}/typo.yaml, line 3", "did you mean model.learning_rate?"]),
@@ -46,11 +46,11 @@ CASES = {
         ["fit", *TINY, "--model.lora", "{r:4}"],
         ["model.lora cannot be '{r:4}'", "a space after each colon", "--model.lora.NAME VALUE"]),
     "wrong_type": (
-        ["fit", *TINY, "--model.num_generations", "two"],
-        ["model.num_generations cannot be 'two'", "on the command line", "an integer"]),
+        ["fit", *TINY, "--model.mode.num_generations", "two"],
+        ["model.mode.num_generations cannot be 'two'", "on the command line", "an integer"]),
     "wrong_type_in_yaml": (
         ["fit", *TINY, "--config", "{tmp}/badtype.yaml"],
-        ["model.num_generations cannot be 'two'", "{tmp}/badtype.yaml, line 2"]),
+        ["model.mode.num_generations cannot be 'two'", "{tmp}/badtype.yaml, line 4"]),
     "missing_config_file": (
         ["fit", "--config", "configs/quickstrat.yaml"],
         ["config file configs/quickstrat.yaml does not exist", "did you mean configs/quickstart.yaml?"]),
@@ -58,12 +58,12 @@ CASES = {
         ["fit", *TINY, "--config", "{tmp}/syntax.yaml"],
         ["{tmp}/syntax.yaml is not valid YAML", "line 3, column 8"]),
     "unknown_model_class": (
-        ["fit", *TINY, "--model", "rlcode.algorithms.spiral.SPIRALL"],
-        ["unknown model class 'rlcode.algorithms.spiral.SPIRALL'", "did you mean rlcode.algorithms.spiral.SPIRAL?",
-         "rlcode.algorithms.code_game.CodeGame"]),
+        ["fit", *TINY, "--model.mode", "rlcode.modes.SPIRALL"],
+        ["unknown model.mode class 'rlcode.modes.SPIRALL'", "did you mean rlcode.modes.SPIRAL?",
+         "rlcode.modes.CodeGame"]),
     "unknown_class_in_help": (
-        ["fit", "--model.help", "SPIRALL"],
-        ["unknown model class 'SPIRALL' (in --model.help)", "did you mean SPIRAL?"]),
+        ["fit", "--model.mode.help", "SPIRALL"],
+        ["unknown model.mode class 'SPIRALL' (in --model.mode.help)", "did you mean SPIRAL?"]),
     "unknown_data_class": (
         ["fit", *TINY, "--data", "GameDataModul"],
         ["unknown data class 'GameDataModul'", "did you mean GameDataModule?"]),
@@ -71,7 +71,7 @@ CASES = {
         ["fit", *TINY, "--data.prompt_format", "chatt"],
         ["data.prompt_format cannot be 'chatt'", "did you mean chat?", "'chat' or 'plain'"]),
     "one_generation": (
-        ["fit", *TINY, "--model.num_generations", "1"],
+        ["fit", *TINY, "--model.mode.num_generations", "1"],
         ["num_generations=1 gives every group a zero std", "use num_generations >= 2", "on the command line"]),
     "quantization_without_lora": (
         ["fit", *TINY, "--model.quantization", "4bit"],
@@ -83,8 +83,8 @@ CASES = {
         ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.model_name", "smollm2-135m-instruktion"],
         ["model.model_name 'smollm2-135m-instruktion'", "did you mean smollm2-135m-instruct?"]),
     "unknown_reward": (
-        ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.rewards", "[executoin]"],
-        ["unknown reward 'executoin' in model.rewards", "did you mean 'execution'?"]),
+        ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.mode.rewards", "[executoin]"],
+        ["unknown reward 'executoin' in model.mode.init_args.rewards", "did you mean 'execution'?"]),
     "unknown_command": (["fitt", *TINY], ["unknown command 'fitt'", "did you mean fit?"]),
     "predict_is_gone": (["predict", *TINY], ["unknown command 'predict'", "fit, validate, test, export"]),
 }
@@ -140,23 +140,23 @@ def test_a_mistake_is_at_most_three_lines_naming_what_where_and_the_fix(reports,
 
 def test_valid_settings_still_parse(capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["fit", *TINY, "--model.learning_rate", "1e-5", "--model", "SPIRAL", "--data", "GameDataModule",
+        main(["fit", *TINY, "--model.learning_rate", "1e-5", "--model.mode", "SPIRAL", "--data", "GameDataModule",
               "--print_config"])
     assert stop.value.code in (0, None)
     printed = capsys.readouterr().out
-    assert "rlcode.algorithms.spiral.SPIRAL" in printed and "learning_rate: 1.0e-05" in printed
+    assert "rlcode.modes.SPIRAL" in printed and "learning_rate: 1.0e-05" in printed
 
 
 def test_debug_flag_keeps_the_traceback_and_the_parser_message():
     with pytest.raises(cli_errors.UserError) as raised:
         main(["fit", *TINY, "--model.learnig_rate", "1e-5", "--debug"])
-    assert "Option 'learnig_rate' is not accepted" in str(raised.value.__cause__)  # jsonargparse's own message
+    assert "unrecognized arguments: --model.learnig_rate" in str(raised.value.__cause__)  # jsonargparse's own message
 
 
 def test_debug_environment_variable_keeps_the_traceback(monkeypatch, tmp_path):
     monkeypatch.setenv("RLCODE_DEBUG", "1")
     with pytest.raises(cli_errors.UserError, match="num_generations >= 2") as raised:
-        main(["fit", *TINY, "--run.root_dir", str(tmp_path), "--model.num_generations", "1"])
+        main(["fit", *TINY, "--run.root_dir", str(tmp_path), "--model.mode.num_generations", "1"])
     assert isinstance(raised.value.__cause__, ValueError)
     assert cli_errors.take_debug_flag(["fit", "--debug"]) == (["fit"], True)
     monkeypatch.setenv("RLCODE_DEBUG", "0")

@@ -28,8 +28,8 @@ def test_main_help_lists_the_commands_and_the_training_modes(capsys):
     for command in ("fit", "validate", "test", "export"):
         assert any(line.split()[:1] == [command] and len(line.split()) > 3 for line in text.splitlines()), command
     assert "predict" not in text
-    for path in ("rlcode.algorithms.grpo.GRPO", "rlcode.algorithms.spiral.SPIRAL", "rlcode.data.games.GameDataModule",
-                 "rlcode.algorithms.multistep.MultiStepMBPP", "rlcode.algorithms.code_game.CodeGame"):
+    for path in ("rlcode.modes.GRPO", "rlcode.modes.SPIRAL", "rlcode.data.games.GameDataModule",
+                 "rlcode.modes.MultiStepMBPP", "rlcode.modes.CodeGame", "model.mode"):
         assert path in text, path
     assert "--debug" in text
 
@@ -40,7 +40,7 @@ def test_each_mode_names_real_classes_and_a_config_that_uses_them(mode):
         module, name = path.rsplit(".", 1)
         assert hasattr(importlib.import_module(module), name), path
     config = yaml.safe_load((REPO / mode.config).read_text())
-    model_class = (config.get("model") or {}).get("class_path", "rlcode.algorithms.grpo.GRPO")
+    model_class = ((config.get("model") or {}).get("mode") or {}).get("class_path", "rlcode.modes.GRPO")
     data_class = (config.get("data") or {}).get("class_path", "rlcode.data.datamodule.MBPPDataModule")
     assert (model_class, data_class) == (mode.model, mode.data)
 
@@ -48,7 +48,7 @@ def test_each_mode_names_real_classes_and_a_config_that_uses_them(mode):
 def test_fit_help_lists_every_mode_class_under_headings_of_its_own(capsys):
     text = _help(capsys, "fit")
     for name in ("SPIRAL", "MultiStepMBPP", "CodeGame", "GameDataModule", "MBPPDataModule"):
-        assert f".{name}" in text, name  # as a known subclass: `--model SPIRAL` works
+        assert f".{name}" in text, name  # as a known subclass: `--model.mode SPIRAL` works
     assert "A DataModule standardizes" not in text and "Runs the full optimization routine" not in text
     data_heading = next(line for line in text.splitlines() if line.startswith("Data:"))
     assert "MBPPDataModule" in data_heading and "GameDataModule" in data_heading
@@ -58,6 +58,6 @@ def test_fit_help_lists_every_mode_class_under_headings_of_its_own(capsys):
 
 def test_a_mode_is_chosen_by_its_short_name(capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--model", "MultiStepMBPP", "--data", "MBPPDataModule", "--print_config"])
+        main(["fit", "--model.mode", "MultiStepMBPP", "--data", "MBPPDataModule", "--print_config"])
     merged = yaml.safe_load(capsys.readouterr().out)
-    assert merged["model"]["class_path"] == "rlcode.algorithms.multistep.MultiStepMBPP"
+    assert merged["model"]["mode"]["class_path"] == "rlcode.modes.MultiStepMBPP"

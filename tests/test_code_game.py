@@ -111,7 +111,8 @@ def test_fit_counts_successful_predictions(tmp_path):
 def test_successful_predictions_count_counts_correct_predictions():
     """In episode modes `reward/successful_predictions_count` counts episodes that succeeded (here:
     correct predictions) among all episodes; an invalid program (success None) is a game without a correct prediction."""
-    from rlcode.algorithms.code_game import CodeGame
+    from rlcode.modes import CodeGame
+    from grpo_harness import learner
     from rlcode.training.step_record import StepRecord
     from rlcode.callbacks.metrics import step_line, step_metrics, success_labels
 
@@ -121,16 +122,17 @@ def test_successful_predictions_count_counts_correct_predictions():
                         truncated=[False] * 3, frac_reward_zero_std=0.0, updated=True,
                         episodes=[{"success": True}, {"success": False}, {"success": None}])
     assert step_metrics(record)["reward/successful_predictions_count"] == 1.0
-    assert "predicted=33.3% (1/3)" in step_line(record, success_labels(CodeGame))
+    assert "predicted=33.3% (1/3)" in step_line(record, success_labels(learner(CodeGame, model_name="tiny-random")))
 
 
 def test_a_served_model_can_be_the_predictor():
     """opponent: served puts a model behind an OpenAI-compatible server in the predictor's seat (the
     end-to-end run against a real server is tests/test_openai_served.py's SPIRAL case; same opponent)."""
-    from rlcode.algorithms.code_game import CodeGame
+    from rlcode.modes import CodeGame
+    from grpo_harness import learner
     from rlcode.envs.opponents import ServedOpponent
 
-    module = CodeGame(model_name="tiny-random", opponent="served",
+    module = learner(CodeGame, model_name="tiny-random", opponent="served",
                       opponent_server={"base_url": "http://127.0.0.1:9/v1", "model": "predictor", "api": "chat"})
-    opponent = module._opponent()
+    opponent = module.mode.opponents.actor(module)
     assert isinstance(opponent, ServedOpponent) and opponent.backend.client.base_url.startswith("http://127.0.0.1:9")

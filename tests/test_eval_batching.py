@@ -54,10 +54,11 @@ def test_greedy_tokens_of_smollm2_do_not_depend_on_the_batch_size():
 
 
 def test_the_report_is_the_same_at_any_batch_size_and_prints_a_line_per_batch():
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
     from rlcode.eval.policy_scoring import score_policy
 
-    module = GRPO(model_name="tiny-random", max_new_tokens=24)
+    module = learner(GRPO, model_name="tiny-random", max_new_tokens=24)
     module.configure_model()
     tasks = load_mbpp(str(mbpp_file()), split="validation")[:5]
     prompts = [module.render(build_prompt(task, "chat")) for task in tasks]

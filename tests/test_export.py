@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from rlcode import cli
-from rlcode.export import export, mode_class
+from rlcode.export import build_mode, export
 from rlcode.models import resolve_model_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def fit(monkeypatch, root: Path, mode: str, adapters: str):
               "--trainer.max_steps", "1", *ADAPTERS[adapters],
               *[item for flag in quiet for item in (flag, "false")]])
     module = built["module"]
-    assert type(module).__name__ == mode and module.global_step == 1
+    assert type(module.mode).__name__ == mode and module.global_step == 1
     return module, next(root.glob("tiny/version_*/checkpoints/last.ckpt"))
 
 
@@ -117,7 +117,8 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
 
     module, ckpt = fit(monkeypatch, tmp_path / "runs", mode, adapters)
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-    assert saved["hyper_parameters"]["_class_path"].endswith(f".{mode}") and mode_class(saved).__name__ == mode
+    assert saved["hyper_parameters"]["mode"]["class_path"].endswith(f".{mode}")
+    assert type(build_mode(saved)).__name__ == mode
     twin = float64_twin(module.policy)
     ids = sample_ids(twin)
     expected = logits(twin, ids)
@@ -163,15 +164,22 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
 
 
 def test_a_module_saved_from_python_is_exported_as_its_own_mode():
-    """Without LightningCLI's class path (``trainer.save_checkpoint`` of a module built in Python) the
-    mode is the one whose settings are exactly those saved."""
-    from rlcode.algorithms.code_game import CodeGame
-    from rlcode.algorithms.grpo import GRPO
-    from rlcode.algorithms.multistep import MultiStepMBPP
-    from rlcode.algorithms.spiral import SPIRAL
+    """A Learner saves its mode's class path and settings (``hyper_parameters["mode"]``, plain data), so a
+    checkpoint of a module built in Python names its mode too, settings objects included."""
+    from grpo_harness import learner
+    from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP
+    from rlcode.rollout.openai.client import OpenAISettings
+    from rlcode.training.run_context import SandboxSettings
 
     for mode in (GRPO, SPIRAL, MultiStepMBPP, CodeGame):
-        assert mode_class({"hyper_parameters": dict(mode(model_name="tiny-random").hparams)}) is mode
+        server = OpenAISettings(base_url="http://127.0.0.1:9/v1", api="chat")
+        extra = {"opponent": "served", "opponent_server": server} \
+            if mode is CodeGame else {"sandbox": SandboxSettings(workers=3)} if mode is GRPO else {}
+        saved = dict(learner(mode, model_name="tiny-random", **extra).hparams)
+        torch.save(saved, "/dev/null")  # plain data a checkpoint can hold
+        rebuilt = build_mode({"hyper_parameters": saved})
+        assert type(rebuilt) is mode and rebuilt.init_args() == saved["mode"]["init_args"]
+    assert rebuilt.opponent_server.base_url == "http://127.0.0.1:9/v1"  # a settings object again, not a dict
 
 
 def _save(path: Path, payload) -> Path:
@@ -187,14 +195,15 @@ BAD_INPUT = {
     "not a dict": (lambda tmp: _save(tmp / "x.ckpt", torch.zeros(3)), "not an rlcode training checkpoint"),
     "no settings": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}}), "not an rlcode training checkpoint"),
     "other module": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {
-        "_class_path": "lightning.pytorch.demos.boring_classes.BoringModel"}}), "not an rlcode training mode"),
+        "mode": {"class_path": "lightning.pytorch.demos.boring_classes.BoringModel"}}}),
+                     "not an rlcode training mode"),
     "unknown class": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {
-        "_class_path": "my_modes.Gone"}}), "cannot be imported here"),
-    "unknown settings": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {"lr": 1.0}}),
-                         "match no rlcode mode"),
+        "mode": {"class_path": "my_modes.Gone"}}}), "cannot be imported here"),
+    "no mode": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {}, "hyper_parameters": {
+        "_class_path": "rlcode.algorithms.grpo.GRPO", "lr": 1.0}}), "names no training mode"),
     "other weights": (lambda tmp: _save(tmp / "x.ckpt", {"state_dict": {"policy.head.weight": torch.zeros(1)},
                                                           "hyper_parameters": {
-        "_class_path": "rlcode.algorithms.grpo.GRPO", "model_name": "tiny-random"}}),
+        "mode": {"class_path": "rlcode.modes.GRPO", "init_args": {}}, "model_name": "tiny-random"}}),
                       "does not fit GRPO('tiny-random') with full weights"),
 }
 

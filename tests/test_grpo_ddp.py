@@ -45,11 +45,11 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
     """
     import torch
 
-    from rlcode.algorithms.grpo import GRPO
     from rlcode.cli import main
+    from rlcode.training.learner import Learner
 
     seen: dict = {"task_ids": [], "mean_rewards": [], "global_mean_rewards": [], "backwards": 0}
-    original_step, original_backward = GRPO.training_step, GRPO.manual_backward
+    original_step, original_backward = Learner.training_step, Learner.manual_backward
 
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
@@ -73,7 +73,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
                   "strategy": type(self.trainer.strategy).__name__}
         (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
 
-    original_train_start = GRPO.on_train_start
+    original_train_start = Learner.on_train_start
 
     def on_train_start(self):
         # Lightning registers DDPStrategy(ddp_comm_hook=...) on CUDA only: on CPU, by hand
@@ -81,18 +81,18 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
         seen["checksum_start"] = _weights_digest(self.policy)
         original_train_start(self)
 
-    GRPO.training_step, GRPO.manual_backward, GRPO.on_train_end = training_step, manual_backward, on_train_end
-    GRPO.on_train_start = on_train_start
+    Learner.training_step, Learner.manual_backward, Learner.on_train_end = training_step, manual_backward, on_train_end
+    Learner.on_train_start = on_train_start
     torch.set_num_threads(1)  # two processes share the machine's cores
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy",
                 "init_args": {"process_group_backend": "gloo"}}
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
           "--run.root_dir", str(out_dir / "runs"),
           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
           "--trainer.max_steps", str(STEPS),
           # a length reward varies between completions, so every step has a gradient to sync
-          "--model.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.filter_zero_std_groups", "true",
-          "--model.micro_batch_size", "2", "--model.sandbox_workers", "1", "--data.num_train_tasks", "8",
+          "--model.mode.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.skip_zero_advantage_rows", "true",
+          "--model.micro_batch_size", "2", "--model.mode.sandbox.workers", "1", "--data.num_train_tasks", "8",
           "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0"])
 
 
@@ -217,20 +217,20 @@ def _run_spiral_rank(out_dir: Path) -> None:
     """SPIRAL self-play on 2 ranks: each rank writes its role baselines and the games it played."""
     import torch
 
-    from rlcode.algorithms.spiral import SPIRAL
     from rlcode.cli import main
+    from rlcode.training.learner import Learner
 
     def on_train_end(self):
-        record = {"baselines": self.baselines.state_dict()["values"], "games": self.last_step.task_ids,
+        record = {"baselines": self.mode.baselines.state_dict()["values"], "games": self.last_step.task_ids,
                   "global_step": self.trainer.global_step}
         (out_dir / f"spiral_rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
 
-    SPIRAL.on_train_end = on_train_end
+    Learner.on_train_end = on_train_end
     torch.set_num_threads(1)
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"process_group_backend": "gloo"}}
     main(["fit", "--config", str(REPO / "configs/spiral_tictactoe.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--run.root_dir", str(out_dir / "runs"), "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
-          "--model.opponent", "random", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+          "--model.mode.opponent", "random", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
 
 
 def test_spiral_role_baselines_agree_across_ranks(tmp_path):

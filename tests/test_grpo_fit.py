@@ -14,12 +14,12 @@ import torch
 from rlcode.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 
 
 # The sandbox rewards give a random model's garbage the same score every time (all syntax errors):
 # groups with zero variance, advantages 0, no update. A length reward varies, so weights move.
-WITH_SIGNAL = ["--model.rewards", "[execution, 'test_grpo_fit:length_reward']"]
+WITH_SIGNAL = ["--model.mode.rewards", "[execution, 'test_grpo_fit:length_reward']"]
 
 
 def length_reward(prompts, completions, **columns) -> list[float]:
@@ -135,7 +135,7 @@ def test_last_checkpoint_is_the_final_state_when_max_steps_is_not_a_multiple_of_
 
 
 def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys):
-    run = fit(tmp_path, "--model.rewards", "[execution]", "--model.filter_zero_std_groups", "true",
+    run = fit(tmp_path, "--model.mode.rewards", "[execution]", "--model.skip_zero_advantage_rows", "true",
               "--eval.at_start", "false", "--eval.at_end", "false")
     rows = rollout_rows(run)
     assert {row["reward"] for row in rows} == {-0.5}  # every completion of the random model is a syntax error
@@ -148,8 +148,8 @@ def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys)
 
 
 def test_unknown_reward_is_a_one_line_error(tmp_path):
-    with pytest.raises(SystemExit, match="^rlcode: unknown reward 'nope' in model.rewards"):
-        fit(tmp_path, "--model.rewards", "[nope]")
+    with pytest.raises(SystemExit, match="^rlcode: unknown reward 'nope' in model.mode.init_args.rewards"):
+        fit(tmp_path, "--model.mode.rewards", "[nope]")
 
 
 def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, capsys):
@@ -158,11 +158,11 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, ca
     failed everything, or passed everything, would not give it). Each eval batch prints a progress line."""
     import dataclasses
 
-    from rlcode.algorithms.grpo import GRPO
     from rlcode.data.mbpp import load_mbpp
+    from rlcode.training.learner import Learner
 
     tasks = []  # the first three problems of the split being scored
-    original_generate = GRPO.generate
+    original_generate = Learner.generate
 
     def answer_with_references(self, prompts, num_generations, **kwargs):
         rollout = original_generate(self, prompts, num_generations, **kwargs)
@@ -173,7 +173,7 @@ def test_validate_and_test_report_the_greedy_pass_rate(tmp_path, monkeypatch, ca
             texts.append(f"```python\n{task.code if right else 'def nothing(): pass'}\n```")
         return dataclasses.replace(rollout, completion_texts=texts)
 
-    monkeypatch.setattr(GRPO, "generate", answer_with_references)
+    monkeypatch.setattr(Learner, "generate", answer_with_references)
     for subcommand, prefix, split in (("validate", "mbpp_eval", "validation"), ("test", "mbpp_test", "test")):
         tasks[:] = load_mbpp(os.environ["MBPP_DATASET_PATH"], split=split)[:3]
         root = tmp_path / subcommand

@@ -39,8 +39,8 @@ def test_filtering_flat_groups_is_a_pure_speed_up(loss_type):
     """Skipping zero-std groups gives the gradient of not skipping them. Before,
     dapo's normaliser counted only the kept tokens, scaling the update by N_all / N_kept."""
     kwargs = dict(loss_type=loss_type, rewards=["grpo_harness:first_group_only_reward"], micro_batch_size=3)
-    unfiltered, _, _ = _gradients(filter_zero_std_groups=False, **kwargs)
-    filtered, _, module = _gradients(filter_zero_std_groups=True, **kwargs)
+    unfiltered, _, _ = _gradients(skip_zero_advantage_rows=False, **kwargs)
+    filtered, _, module = _gradients(skip_zero_advantage_rows=True, **kwargs)
     assert module.last_step.frac_reward_zero_std == 0.5  # one of the two groups is flat (1/2: exact)
     assert_same_gradients(filtered[0], unfiltered[0])
 
@@ -98,7 +98,7 @@ def test_step_without_update_is_counted_without_touching_the_optimizer_under_fp1
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     plugin = MixedPrecision(precision="16-mixed", device="cpu", scaler=torch.amp.GradScaler("cpu"))
-    module = build_module(rewards=["grpo_harness:constant_reward"], filter_zero_std_groups=True)
+    module = build_module(rewards=["grpo_harness:constant_reward"], skip_zero_advantage_rows=True)
     start = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     trainer = fit_steps(module, steps=2, plugins=[plugin])
     assert trainer.global_step == 2 and not module.last_step.updated
@@ -158,8 +158,9 @@ def test_fsdp_is_refused_with_a_one_line_reason():
 
 def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
     """Where nothing hides the filesystem the pool refuses to start unless the user
-    opts in; training passes model.sandbox_allow_visible_filesystem to every pool it builds."""
-    import rlcode.sandbox
+    opts in; training passes the mode's sandbox.allow_visible_filesystem to every pool it builds."""
+    import rlcode.training.run_context
+    from rlcode.training.run_context import SandboxSettings
 
     seen = []
 
@@ -167,8 +168,8 @@ def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
         def __init__(self, **settings):
             seen.append(settings)
 
-    monkeypatch.setattr(rlcode.sandbox, "SandboxPool", Recording)
-    module = build_module(configure=False, sandbox_allow_visible_filesystem=True, sandbox_workers=1)
+    monkeypatch.setattr(rlcode.training.run_context, "SandboxPool", Recording)
+    module = build_module(configure=False, sandbox=SandboxSettings(workers=1, allow_visible_filesystem=True))
     module.sandbox_pool(3.0)
     module.sandbox_pool(3.0, workers=2)
     assert seen == [{"workers": 1, "timeout": 3.0, "allow_visible_filesystem": True},

@@ -180,11 +180,12 @@ def test_the_eval_callback_and_validate_score_human_eval_when_asked(tasks):
 
 
 def test_the_policy_eval_scores_human_eval_problems_end_to_end(tasks):
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
     from rlcode.data.prompts import build_prompt as any_prompt
     from rlcode.eval.policy_scoring import score_policy
 
-    module = GRPO(model_name="tiny-random", max_new_tokens=8)
+    module = learner(GRPO, model_name="tiny-random", max_new_tokens=8)
     module.configure_model()
     chosen = tasks[:3]
     with module.sandbox_pool(5.0) as pool:
@@ -203,12 +204,12 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
     import dataclasses
     from pathlib import Path
 
-    from rlcode.algorithms.grpo import GRPO
     from rlcode.cli import main
+    from rlcode.training.learner import Learner
 
     repo = Path(__file__).resolve().parents[1]
-    base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml")]
-    original_generate = GRPO.generate
+    base = ["--config", str(repo / "configs/quickstart.yaml"), "--config", str(repo / "configs/tiny_test.yaml"), "--config", str(repo / "configs/tiny_grpo.yaml")]
+    original_generate = Learner.generate
 
     def answer_with_canonical_bodies(self, prompts, num_generations, **kwargs):
         rollout = original_generate(self, prompts, num_generations, **kwargs)
@@ -216,7 +217,7 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
         texts = [task_of[p].canonical_solution if task_of[p] is not tasks[2] else "    return 0\n" for p in prompts]
         return dataclasses.replace(rollout, completion_texts=texts)
 
-    monkeypatch.setattr(GRPO, "generate", answer_with_canonical_bodies)
+    monkeypatch.setattr(Learner, "generate", answer_with_canonical_bodies)
     for subcommand in ("validate", "test"):
         root = tmp_path / subcommand
         main([subcommand, *base, "--run.root_dir", str(root), "--data.num_eval_tasks", "3", "--data.prompt_format",

@@ -78,12 +78,13 @@ def test_held_out_test_decides_the_return_but_is_never_shown(pool):
 
 
 def test_feedback_is_context_and_answers_are_the_trained_tokens(pool):
-    from rlcode.algorithms.multistep import attempt_metrics
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes.multistep import attempt_metrics
+    from rlcode.modes import SPIRAL
+    from grpo_harness import learner
     from rlcode.envs.runner import EpisodeRunner
     from rlcode.training.turn_samples import EpisodeTurns
 
-    module = SPIRAL(model_name="tiny-random", max_new_tokens=6)  # any module with a tiny policy
+    module = learner(SPIRAL, model_name="tiny-random", max_new_tokens=6)  # any module with a tiny policy
     module.configure_model()
     generate = lambda prompts, seed: module.generate(prompts, 1, temperature=1.0, seed=seed)  # noqa: E731
     runner = EpisodeRunner(module.render, generate)
@@ -106,7 +107,7 @@ def test_feedback_is_context_and_answers_are_the_trained_tokens(pool):
 def test_attempt_metrics_by_hand():
     from types import SimpleNamespace
 
-    from rlcode.algorithms.multistep import attempt_metrics
+    from rlcode.modes.multistep import attempt_metrics
 
     def episode(attempts, success, first_passed):
         turns = [SimpleNamespace(info={"passed_shown": first_passed})] + [SimpleNamespace(info={})] * (attempts - 1)

@@ -220,10 +220,11 @@ def test_training_is_refused_unless_the_prompt_and_sampled_tokens_are_known():
 
 
 def test_fit_with_a_backend_that_cannot_train_is_one_error():
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
     from rlcode.rollout.openai.backend import OpenAIBackend
 
-    module = GRPO(model_name="tiny-random", rollout_backend="openai", num_generations=2)
+    module = learner(GRPO, model_name="tiny-random", rollout_backend="openai", num_generations=2)
     module.backend = OpenAIBackend(OpenAISettings(base_url="http://127.0.0.1:9/v1"))
     with pytest.raises(ServedModelError, match="rollout_backend openai cannot train here: api 'chat' .* --model.dry_run true"):
         module.on_fit_start()
@@ -231,7 +232,8 @@ def test_fit_with_a_backend_that_cannot_train_is_one_error():
 
 def test_a_served_dry_run_with_chat_loads_neither_weights_nor_tokenizer(monkeypatch):
     import rlcode.models as models
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
     from rlcode.rollout.rendering import ChatPrompt
 
     def refuse(*args, **kwargs):
@@ -239,7 +241,7 @@ def test_a_served_dry_run_with_chat_loads_neither_weights_nor_tokenizer(monkeypa
 
     monkeypatch.setattr(models, "load_model", refuse)
     monkeypatch.setattr(models, "load_tokenizer", refuse)
-    module = GRPO(model_name="smollm2-135m-instruct", rollout_backend="openai", dry_run=True,
+    module = learner(GRPO, model_name="smollm2-135m-instruct", rollout_backend="openai", dry_run=True,
                   openai={"base_url": "http://127.0.0.1:9/v1"})
     module.configure_model()
     assert module.policy is None and module.tokenizer is None

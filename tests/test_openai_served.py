@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.served, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2"  # the alias the server is started with
 STARTUP_SECONDS = 180
-MBPP_BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+MBPP_BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 SPIRAL_BASE = ["--config", str(REPO / "configs/spiral_tictactoe.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
 
 if importlib.util.find_spec("llama_cpp") is None:
@@ -156,8 +156,8 @@ def test_spiral_against_a_served_opponent(server, tmp_path):
     """The tiny policy holds seat 1 and trains; seat 0 is SmolLM2 behind the server."""
     from rlcode.cli import main
 
-    main(["fit", *SPIRAL_BASE, "--run.root_dir", str(tmp_path), "--model.opponent", "served",
-          "--model.trained_seat", "1", "--model.opponent_server", json.dumps({"base_url": server, "model": MODEL}),
+    main(["fit", *SPIRAL_BASE, "--run.root_dir", str(tmp_path), "--model.mode.opponent", "served",
+          "--model.mode.trained_seat", "1", "--model.mode.opponent_server", json.dumps({"base_url": server, "model": MODEL}),
           "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
     games = [json.loads(line) for line in next(tmp_path.glob("tiny/version_*/rollouts.jsonl")).open()]
     assert games and all(g["learner_seats"] == [1] for g in games)

@@ -84,9 +84,9 @@ def test_unset_trainer_precision_is_chosen_from_the_hardware(monkeypatch, capsys
 
     info = gpu(capability, "Tesla V100") if capability else PlatformInfo(cpu_count=2)
     monkeypatch.setattr(rlcode.platform, "detect_platform", lambda: info)
-    config = {"trainer": {"precision": None}, "model": {"init_args": {"precision": "32-true"}}}
+    config = {"trainer": {"precision": None}, "model": {"precision": "32-true"}}
     cli._choose_precision(config)
-    assert config["trainer"]["precision"] == expected and config["model"]["init_args"]["precision"] == expected
+    assert config["trainer"]["precision"] == expected and config["model"]["precision"] == expected
     assert f"precision {expected} (chosen for this hardware)" in capsys.readouterr().out
 
     config = {"trainer": {"precision": "32-true"}, "model": {"precision": "32-true"}}
@@ -101,12 +101,12 @@ def test_cli_builds_the_trainer_with_the_chosen_precision(monkeypatch):
 
     import rlcode.platform
     from rlcode import cli
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.training.learner import Learner
     from rlcode.data.datamodule import MBPPDataModule
 
     monkeypatch.setattr(rlcode.platform, "detect_platform", lambda: gpu((8, 0), "A100"))
     repo = Path(__file__).resolve().parents[1]
-    built = cli.RLCodeCLI(GRPO, MBPPDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+    built = cli.RLCodeCLI(Learner, MBPPDataModule, subclass_mode_model=False, subclass_mode_data=True, run=False,
                           auto_configure_optimizers=False,
                           args=["--config", str(repo / "configs/quickstart.yaml"),
                                 "--config", str(repo / "configs/tiny_test.yaml"), "--trainer.accelerator", "cpu"])

@@ -96,7 +96,7 @@ def _print_config(capsys, *args: str) -> dict:
         cli.main(["fit", *args, "--print_config"])
     assert exit_info.value.code in (0, None)
     merged = yaml.safe_load(capsys.readouterr().out)
-    merged["model"] = merged["model"]["init_args"]
+    merged["model"].pop("mode")  # the profile's keys are the learner's
     return merged
 
 
@@ -174,11 +174,11 @@ def test_the_switch_in_a_config(monkeypatch, capsys, tmp_path):
 def test_the_platform_line_lists_what_was_chosen_and_kept(monkeypatch, capsys):
     """End to end through LightningCLI: the trainer and model are built with the profile's values (the
     tiny overlay's micro-batch kept), and the platform line says which values and how to override."""
-    from rlcode.algorithms.grpo import GRPO
     from rlcode.data.datamodule import MBPPDataModule
+    from rlcode.training.learner import Learner
 
     _fake_gpu(monkeypatch, V100_16)
-    built = cli.RLCodeCLI(GRPO, MBPPDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+    built = cli.RLCodeCLI(Learner, MBPPDataModule, subclass_mode_model=False, subclass_mode_data=True, run=False,
                           auto_configure_optimizers=False,
                           args=["--config", str(REPO / "configs/quickstart.yaml"),
                                 "--config", str(REPO / "configs/tiny_test.yaml"), "--trainer.accelerator", "cpu"])
@@ -210,7 +210,8 @@ def test_every_config_parses_with_the_profile_and_keeps_its_own_values(monkeypat
     """On a (faked) V100 every shipped config still parses, what it sets itself stays (null included),
     and the profile fills the rest."""
     _fake_gpu(monkeypatch, V100_16)
-    files = ([REPO / "configs/quickstart.yaml"] if config.name == "tiny_test.yaml" else []) + [config]
+    base = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"]}
+    files = [REPO / "configs" / name for name in base.get(config.name, [])] + [config]
     own: dict = {}
     for path in files:
         own.update({key.replace("model.init_args.", "model.", 1): value

@@ -52,10 +52,11 @@ def test_two_grpo_steps_of_4bit_qlora_train_the_adapters_only_and_resume(tmp_pat
 
 
 def test_quantization_without_lora_is_a_one_line_error():
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
 
     with pytest.raises(ValueError, match="quantization='4bit' needs model.lora"):
-        GRPO(model_name="tiny-random", quantization="4bit")
+        learner(GRPO, model_name="tiny-random", quantization="4bit")
 
 
 def user_4bit_model():
@@ -76,13 +77,15 @@ def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
     from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from rlcode.training.learner import Learner
 
     model, source = user_4bit_model()
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.padding_side = "right"
-    module = GRPO.from_pretrained_model(model, tokenizer, lora=LORA, rewards=["grpo_harness:length_reward"],
-                                        num_generations=4, max_new_tokens=6, learning_rate=1e-3)
+    module = Learner.from_pretrained_model(model, tokenizer, mode=GRPO(rewards=["grpo_harness:length_reward"],
+                                                                       num_generations=4),
+                                           lora=LORA, max_new_tokens=6, learning_rate=1e-3)
     assert "policy" not in module.hparams and module.hparams.model_name == source
     assert module.tokenizer.padding_side == "left" and module.tokenizer.pad_token is not None
     module.configure_model()
@@ -134,15 +137,16 @@ def test_4bit_layers_still_train_after_eval_mode_passes():
     from transformers import AutoTokenizer
 
     from grpo_harness import use_fixed_rollouts
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from rlcode.training.learner import Learner
 
     model, source = user_4bit_model()
     ids = torch.tensor([[3, 17, 42, 99, 5]])
     with torch.no_grad():
         model.eval()(input_ids=ids)  # the user tried the model before handing it over
-    module = GRPO.from_pretrained_model(model, AutoTokenizer.from_pretrained(source), lora=LORA,
-                                        rewards=["grpo_harness:length_reward"], num_generations=4,
-                                        max_new_tokens=6, learning_rate=1e-3)
+    module = Learner.from_pretrained_model(model, AutoTokenizer.from_pretrained(source), lora=LORA,
+                                           mode=GRPO(rewards=["grpo_harness:length_reward"], num_generations=4),
+                                           max_new_tokens=6, learning_rate=1e-3)
     module.configure_model()
     layers = packed_for_cpu_inference(module.policy)
     assert layers and not any(layers), "a weight packed before hand-over is unpacked"

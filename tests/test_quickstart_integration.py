@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.integration
 def test_quickstart_config_trains_the_embedded_model(tmp_path, capsys):
     main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--run.root_dir", str(tmp_path),
-          "--trainer.max_steps", "2", "--model.num_generations", "4", "--model.max_new_tokens", "48",
+          "--trainer.max_steps", "2", "--model.mode.num_generations", "4", "--model.max_new_tokens", "48",
           "--data.prompts_per_step", "2", "--eval.num_questions", "2", "--eval.max_new_tokens", "48",
           "--trainer.enable_progress_bar", "false"])
     run = next(tmp_path.glob("quickstart/version_*"))

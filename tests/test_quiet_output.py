@@ -14,7 +14,7 @@ import yaml
 from rlcode.models.cache_name import cache_argument, output_cache
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
+TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
 NOISE = ("past_key_values", "cache_params", "FutureWarning", "Checkpoint directory", "weights_only",
          "dirpath has changed", "anonymous", "Seed set to", "Loading weights", "gradient_checkpointing",
          "gemm_4bit_forward")

@@ -36,10 +36,10 @@ def noisy_length_reward(prompts, completions, **columns) -> list[float]:
 
 
 def arguments(root: Path, *extra: str) -> list[str]:
-    return ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    return ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
             "--run.root_dir", str(root), "--trainer.max_steps", str(STEPS),
-            "--model.rewards", "['test_resume_exact:noisy_length_reward']", "--model.learning_rate", "1e-3",
-            "--model.sandbox_workers", "1", "--eval.at_start", "false", "--eval.at_end", "false", *extra]
+            "--model.mode.rewards", "['test_resume_exact:noisy_length_reward']", "--model.learning_rate", "1e-3",
+            "--model.mode.sandbox.workers", "1", "--eval.at_start", "false", "--eval.at_end", "false", *extra]
 
 
 def _kill_after_checkpoint(kill_at: int) -> None:
@@ -153,12 +153,12 @@ def test_two_interrupts_and_two_resumes_match_an_uninterrupted_run_with_only_las
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), "same parameters at step n, bit for bit"
 
 
-def test_resume_parts_round_trip_through_a_checkpoint():
-    """A part registered in ``resume_parts`` (how per-role baselines of a multi-turn estimator join)
-    and a stateful reward function get their saved state back at the first batch, as do the RNGs."""
+def test_the_mode_state_round_trips_through_a_checkpoint():
+    """The mode's state (its stateful reward functions, its estimator's baselines) is saved with every
+    checkpoint and loaded with it; the RNG states come back at the first batch."""
     from rlcode.training.resume_state import ExactResume
 
-    class Baselines:
+    class Mode:
         def __init__(self):
             self.values = {}
 
@@ -170,12 +170,10 @@ def test_resume_parts_round_trip_through_a_checkpoint():
 
     class Module(ExactResume):
         def __init__(self):
-            self.init_resume_state()
-            self.rewards = Baselines()
-            self.resume_parts["advantage_estimator"] = Baselines()
+            self.mode = Mode()
 
     saved = Module()
-    saved.rewards.values, saved.resume_parts["advantage_estimator"].values = {"seen": 3}, {"player_0": 0.25}
+    saved.mode.values = {"player_0": 0.25}
     checkpoint: dict = {}
     random.seed(5)
     saved.save_resume_state(checkpoint)
@@ -183,10 +181,9 @@ def test_resume_parts_round_trip_through_a_checkpoint():
 
     loaded = Module()
     loaded.on_load_checkpoint(checkpoint)
+    assert loaded.mode.values == {"player_0": 0.25}
     random.seed(99), torch.manual_seed(99)  # what a restart does before the first batch
     loaded.on_train_batch_start(None, 0)
-    assert loaded.rewards.values == {"seen": 3}
-    assert loaded.resume_parts["advantage_estimator"].values == {"player_0": 0.25}
     assert (random.random(), float(torch.rand(()))) == expected
 
 

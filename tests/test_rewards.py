@@ -77,14 +77,16 @@ def test_plain_prompt_format_stops_at_done():
     ([DONE] for the MBPP paper's format, the closing fence for chat); an explicit stop wins."""
     from types import SimpleNamespace
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
 
-    module = GRPO(model_name="tiny-random")
+    from grpo_harness import learner
+
+    module = learner(GRPO, model_name="tiny-random")
     module._trainer = SimpleNamespace(datamodule=SimpleNamespace(prompt_format="plain"))
     assert module.stop_strings() == ["[DONE]"]
     module._trainer = SimpleNamespace(datamodule=SimpleNamespace(prompt_format="chat"))
     assert "\n```\n" in module.stop_strings()
-    assert GRPO(model_name="tiny-random", stop=["END"]).stop_strings() == ["END"]
+    assert learner(GRPO, model_name="tiny-random", stop=["END"]).stop_strings() == ["END"]
 
 
 def test_a_reward_function_returning_none_leaves_the_others_in_the_total():

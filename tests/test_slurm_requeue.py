@@ -49,9 +49,9 @@ def fake_slurm(tmp_path: Path) -> dict[str, str]:
 def sbatch_step(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """What slurm/grpo.sbatch runs in each task (srun ... rlcode fit --config ... --ckpt_path last)."""
     command = [sys.executable, "-m", "rlcode.cli", "fit",
-               "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+               "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
                "--run.root_dir", str(tmp_path / "runs"), "--trainer.max_steps", "4",
-               "--model.rewards", "['test_slurm_requeue:length_reward_then_sigusr1']", "--model.learning_rate", "1e-3",
+               "--model.mode.rewards", "['test_slurm_requeue:length_reward_then_sigusr1']", "--model.learning_rate", "1e-3",
                "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0",
                "--data.num_train_tasks", "8", "--data.prompts_per_step", "2",  # 4 steps = one epoch
                "--ckpt_path", "last"]

@@ -123,9 +123,10 @@ class ScriptedGame:
 
 @pytest.fixture(scope="module")
 def module():
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
+    from grpo_harness import learner
 
-    built = SPIRAL(model_name="tiny-random", max_new_tokens=6, temperature=1.0)
+    built = learner(SPIRAL, model_name="tiny-random", max_new_tokens=6, temperature=1.0)
     built.configure_model()
     return built
 
@@ -199,7 +200,7 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
     assert games and all(g["game"] == "TicTacToe-v0" and g["turns"] for g in games)
     assert {"player", "observation", "reply", "move", "valid"} <= set(games[0]["turns"][0])
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["role_baselines"]["values"]["TicTacToe-v0/0"] != 0.0
+    assert checkpoint["rlcode_resume"]["parts"]["mode"]["estimator"]["values"]["TicTacToe-v0/0"] != 0.0
     assert "TicTacToe-v0 vs random" in capsys.readouterr().out
 
 
@@ -218,7 +219,7 @@ def test_baselines_and_games_resume_exactly(tmp_path):
         run = next(root.glob("tiny/version_*"))
         state = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
         games = [(g["step"], g["seed"], g["returns"]) for g in map(json.loads, (run / "rollouts.jsonl").open())]
-        return state["role_baselines"], games, state["global_step"]
+        return state["rlcode_resume"]["parts"]["mode"]["estimator"], games, state["global_step"]
 
     assert final(tmp_path / "resumed") == final(tmp_path / "straight")
 
@@ -240,8 +241,8 @@ def test_one_seat_against_a_fixed_opponent(tmp_path, opponent):
     Only seat 1's turns are trained, and the opponent's moves are in the logged games."""
     from rlcode.cli import main
 
-    main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.opponent", opponent,
-          "--model.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
+    main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.mode.opponent", opponent,
+          "--model.mode.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
     games = [json.loads(line) for line in next(tmp_path.glob("tiny/version_*/rollouts.jsonl")).open()]
     assert all(g["learner_seats"] == [1] for g in games)
     for game in games:

@@ -13,7 +13,7 @@ from rlcode.cli import main
 from rlcode.run_dir import unstarted
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
         "--data.eval_batch_size", "2"]
 
 

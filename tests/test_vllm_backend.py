@@ -335,9 +335,10 @@ def test_sleep_mode_order(vllm, policy, tokenizer):
 def test_grpo_pushes_a_loaded_checkpoint_before_its_next_generate(vllm, tmp_path):
     """rlcode validate/test with a checkpoint, and the eval callback's at-start eval on a resumed run:
     the weights that changed by loading a checkpoint reach the engine before it generates."""
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
+    from grpo_harness import learner
 
-    module = GRPO(model_name="tiny-random", rollout_backend="vllm", num_generations=2, max_new_tokens=4,
+    module = learner(GRPO, model_name="tiny-random", rollout_backend="vllm", num_generations=2, max_new_tokens=4,
                   vllm={"max_model_len": 512})
     module.configure_model()
     module.generate(PROMPTS, 2, temperature=1.0, seed=0)  # engine synced with the starting weights
@@ -381,11 +382,11 @@ def test_the_pinned_vllm_range_is_the_one_the_code_names():
 def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
     """vLLM holds the merged policy, which switching adapters off does not change: the opponent samples
     the adapter-free base with transformers, never through the engine."""
-    from rlcode.training.frozen_policy import frozen_generator
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
+    from grpo_harness import learner
     from rlcode.rollout import HFGenerateBackend
 
-    module = SPIRAL(opponent="frozen", model_name="tiny-random", rollout_backend="vllm", lora={"r": 4},
+    module = learner(SPIRAL, opponent="frozen", model_name="tiny-random", rollout_backend="vllm", lora={"r": 4},
                     max_new_tokens=6, temperature=1.0, vllm={"max_model_len": 512})
     module.configure_model()
     with torch.no_grad():  # a trained policy: adapters far from zero
@@ -393,7 +394,7 @@ def test_the_frozen_opponent_under_lora_and_vllm_is_the_starting_policy(vllm):
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(len(name))))
     module.generate(PROMPTS, 1, temperature=1.0, seed=0)  # the engine now holds the merged, trained policy
-    opponent = frozen_generator(module, module._opponent_policy)
+    opponent = module.mode.opponents.actor(module).generate  # the frozen player's generation (frozen_generator)
     played = opponent(PROMPTS, 4).completion_ids.tolist()
 
     base = HFGenerateBackend(load_model("tiny-random").eval(), module.tokenizer)

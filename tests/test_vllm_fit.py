@@ -69,11 +69,12 @@ def test_validate_with_a_checkpoint_generates_from_it(tmp_path):
 def test_turn_samples_keep_the_samplers_logprobs(tmp_path):
     """SPIRAL, multi-step and the code game share the episode runner: each learner turn keeps vLLM's
     log-probs of its sampled tokens, and the training rows carry them."""
-    from rlcode.algorithms.spiral import SPIRAL
+    from rlcode.modes import SPIRAL
+    from grpo_harness import learner
     from rlcode.training.turn_samples import EpisodeTurns
     from test_spiral import ScriptedGame
 
-    module = SPIRAL(model_name="tiny-random", rollout_backend="vllm", max_new_tokens=6, temperature=1.0,
+    module = learner(SPIRAL, model_name="tiny-random", rollout_backend="vllm", max_new_tokens=6, temperature=1.0,
                     vllm={"max_model_len": 512})
     module.configure_model()
     runner = EpisodeRunner(module.render, module.turn_generator(1.0))

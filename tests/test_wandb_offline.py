@@ -68,7 +68,7 @@ def config_keys(path: Path) -> set[str]:
 def fit(root: Path, *extra: str) -> None:
     from rlcode.cli import main
 
-    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
           "--run.root_dir", str(root), "--run.wandb", "offline", "--eval.at_start", "false",
           "--eval.num_questions", "1", *extra])
 
@@ -84,7 +84,9 @@ def test_offline_wandb_run_holds_config_history_and_rollouts_and_resume_keeps_it
     assert len(first) == 1 and first[0].name.endswith(run_id), "the W&B run id is the run's id"
     log = finished(first[0] / f"run-{run_id}.wandb")
 
-    assert {"config", "learning_rate", "num_generations"} <= config_keys(log), "the merged config and hparams"
+    # the learner's settings, and the mode (class path and its settings, num_generations among them)
+    keys = config_keys(log)
+    assert {"config", "learning_rate"} <= keys and [k for k in keys if k.startswith("mode")], sorted(keys)
     rows = history(log)
     steps = {row["trainer/global_step"] for row in rows if "reward/avg_batch_reward" in row}
     assert steps == {0, 1}
@@ -111,20 +113,24 @@ def test_training_executions_are_tagged_with_run_step_and_task():
 
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
-    from rlcode.algorithms.grpo import GRPO
+    from rlcode.modes import GRPO
 
-    module = GRPO(model_name="tiny-random", rewards=["execution"], sandbox_workers=1, reward_timeout=20.0)
+    from grpo_harness import learner
+    from rlcode.training.run_context import SandboxSettings
+
+    module = learner(GRPO, model_name="tiny-random", rewards=["execution"], sandbox=SandboxSettings(workers=1), reward_timeout=20.0)
     module.run_id = "run0123abcd"
     module._trainer = SimpleNamespace(strategy=SingleDeviceStrategy(), num_devices=1)
-    rewards = module._build_rewards()
+    module.mode.setup(module, "fit")
+    rewards, sandbox = module.mode.reward_mixture, module.mode._sandbox
     try:
         job = rewards.start(["p"], ["```python\nimport time\ntime.sleep(30)\n```"], task_id=[601], step=7)
         deadline = time.monotonic() + 20
-        while not module._sandbox.list({"run": "run0123abcd"}) and time.monotonic() < deadline:
+        while not sandbox.list({"run": "run0123abcd"}) and time.monotonic() < deadline:
             time.sleep(0.05)
-        listed = module._sandbox.list({"run": "run0123abcd"})
+        listed = sandbox.list({"run": "run0123abcd"})
         assert [info.tags for info in listed] == [{"run": "run0123abcd", "step": "7", "task": "601"}]
-        assert module._sandbox.stop({"run": "run0123abcd"}) == 1
+        assert sandbox.stop({"run": "run0123abcd"}) == 1
         assert job.result().total == [-1.0]  # a stopped program scores as a failure
     finally:
         module.teardown("fit")

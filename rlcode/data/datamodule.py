@@ -91,7 +91,7 @@ class MBPPDataModule(L.LightningDataModule):
             eval_split: split the MBPP eval callback scores ("validation" = tasks 511-600).
             num_train_tasks: use only the first N training tasks (by task id); None = all.
             prompts_per_step: distinct prompts per training step and rank; each is sampled
-                ``model.num_generations`` times.
+                ``model.mode.init_args.num_generations`` times.
             prompt_format: "chat" (instruct models: chat template) or "plain" (the MBPP paper's
                 format for base models).
             seed: seeds the per-epoch shuffle of the training prompts.

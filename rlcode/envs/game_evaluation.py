@@ -14,11 +14,10 @@ from rlcode.envs.runner import Episode, EpisodeRunner
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
 
 
-def play_against_random(module, batch: dict, seed: int = 0) -> list[Episode]:
-    """Play ``batch`` (game, seed, seat per episode) with ``module``'s policy against random moves."""
-    envs = [module.make_game(game) for game in batch["game"]]
-    runner = EpisodeRunner(module.render, module.turn_generator(module.hparams.eval_temperature),
-                           opponent=RandomLegalMover())
+def play_against_random(envs, render, generate, batch: dict, seed: int = 0) -> list[Episode]:
+    """Play ``envs`` (one per episode of ``batch``: game, seed, seat) with the policy (``render``,
+    ``generate``: see ``EpisodeRunner``) against random moves."""
+    runner = EpisodeRunner(render, generate, opponent=RandomLegalMover())
     return runner.play(envs, batch["seed"], [(seat,) for seat in batch["seat"]], sampling_seed=seed)
 
 

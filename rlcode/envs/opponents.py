@@ -3,7 +3,7 @@
 - ``RandomLegalMover``: a uniformly random legal move (what SPIRAL evaluates against); needs an
   environment that lists its legal moves (``TextArenaGame.legal_moves``).
 - ``PolicyOpponent``: another model answering through its own generation call, e.g. a frozen copy
-  of the starting policy (``rlcode.algorithms.spiral`` builds it).
+  of the starting policy (``rlcode.modes.opponents`` builds it).
 - ``ServedOpponent``: a model behind an OpenAI-compatible server (SPIRAL's served opponents), sent
   each turn's chat messages; any environment whose turns are messages can use it.
 """

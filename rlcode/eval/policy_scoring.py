@@ -127,7 +127,8 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     return EvalReport(step, split, temperature, results, pass_at_k, benchmark)
 
 
-def score_batch(module, batch: dict, pool, *, split: str, progress: EvalProgress | None = None) -> EvalReport:
+def score_batch(module, batch: dict, pool, *, split: str, timeout: float,
+                progress: EvalProgress | None = None) -> EvalReport:
     """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns,
     generated together (the DataModule's ``eval_batch_size`` sized the batch). A batch with a
     ``program_prefix`` column is HumanEval's (``eval.benchmark: humaneval``)."""
@@ -138,7 +139,7 @@ def score_batch(module, batch: dict, pool, *, split: str, progress: EvalProgress
                                                   batch.get("program_prefix") or [None] * count)]
     prompts = [module.render(prompt) for prompt in batch["prompt"]]
     return score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
-                        max_new_tokens=module.hparams.max_new_tokens, timeout=module.hparams.reward_timeout,
+                        max_new_tokens=module.hparams.max_new_tokens, timeout=timeout,
                         batch_size=len(prompts), progress=progress,
                         benchmark="humaneval" if batch.get("program_prefix") else "mbpp")
 

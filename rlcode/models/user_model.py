@@ -1,6 +1,6 @@
-"""A model the user built (a notebook's own ``from_pretrained``, 4-bit or not), made ready for GRPO.
+"""A model the user built (a notebook's own ``from_pretrained``, 4-bit or not), made ready for training.
 
-GRPO normally loads its policy from ``model_name``; ``GRPO.from_pretrained_model(model, tokenizer)``
+The Learner normally loads its policy from ``model_name``; ``Learner.from_pretrained_model(model, tokenizer, mode=...)``
 takes one instead. What loading would have done still has to happen: the tokenizer pads on the left
 (generation appends on the right) and has a pad token, and with ``lora`` settings a model without
 adapters gets them, a quantized one prepared for k-bit training first.
@@ -12,7 +12,7 @@ from rlcode.models.adapters import LoraSettings, apply_lora, is_lora_model, keep
 
 
 def from_pretrained_model(cls, model, tokenizer, **settings):
-    """``GRPO.from_pretrained_model(model, tokenizer, lora=..., **settings)``: the module around a model
+    """``Learner.from_pretrained_model(model, tokenizer, mode=GRPO(...), lora=..., **settings)``: the module around a model
     you built (a notebook's own 4-bit loading). The tokenizer is set up for batched generation,
     ``lora`` adapters are added if the model has none; model and tokenizer are kept on the module,
     outside its hyperparameters (``model_name`` records where the model came from)."""
@@ -32,9 +32,9 @@ def is_quantized(model) -> bool:
 
 
 def prepare_user_model(model, tokenizer, lora: LoraSettings | dict | None):
-    """(model, tokenizer) ready for GRPO; the tokenizer object is changed in place."""
+    """(model, tokenizer) ready for training; the tokenizer object is changed in place."""
     if tokenizer is None:
-        raise ValueError("GRPO.from_pretrained_model needs the model's tokenizer: pass "
+        raise ValueError("Learner.from_pretrained_model needs the model's tokenizer: pass "
                          "AutoTokenizer.from_pretrained(<the same name>)")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -22,7 +22,7 @@ def check_reward_names(names: list[str]) -> None:
     unknown = [name for name in names if name not in REWARDS and ":" not in name]
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(REWARDS), n=1)
-        raise SettingError(f"unknown reward {unknown[0]!r} in model.rewards: "
+        raise SettingError(f"unknown reward {unknown[0]!r} in model.mode.init_args.rewards: "
                            + (f"did you mean {close[0]!r}? " if close else "")
                            + f"Use names from {', '.join(REWARDS)} or an import path 'package.module:function'")
 

@@ -48,11 +48,11 @@ class RewardMixture:
             weights: one weight per function; None = all 1.0.
         """
         if not functions:
-            raise ValueError("no reward functions: set model.rewards to at least one name, e.g. ['execution']")
+            raise ValueError("no reward functions: set model.mode.init_args.rewards to at least one name, e.g. ['execution']")
         weights = list(weights) if weights is not None else [1.0] * len(functions)
         if len(weights) != len(functions):
             raise ValueError(f"{len(weights)} reward weights for {len(functions)} reward functions: "
-                             "give model.reward_weights one number per entry of model.rewards")
+                             "give model.mode.init_args.reward_weights one number per entry of rewards")
         self.functions = list(functions)
         self.weights = [float(w) for w in weights]
         names = [reward_name(f) for f in functions]

@@ -107,7 +107,7 @@ def refuse_visible_filesystem(report: IsolationReport, allowed: bool) -> None:
     raise IsolationUnavailable(
         f"sandbox isolation {report.level!r} would let model-written code read and write your files "
         "(no bubblewrap, no Landlock); fix: apt-get install bubblewrap (or run on Linux >= 5.13 with "
-        f"Landlock), or opt in with model.sandbox_allow_visible_filesystem: true (SandboxPool("
+        f"Landlock), or opt in with model.mode.init_args.sandbox.allow_visible_filesystem: true (SandboxPool("
         f"allow_visible_filesystem=True) in code) or {ALLOW_VISIBLE_FS_ENV}=1")
 
 

@@ -18,9 +18,55 @@ from typing import TYPE_CHECKING
 
 from rlcode.algorithms.losses import LossTotals
 
+import torch
+
 if TYPE_CHECKING:
-    import lightning as L
     from torch import Tensor
+
+
+class Ranks:
+    """The ranks of a run as the step's collectives see them: sums and gathers over the default
+    process group (what Lightning's DDP strategy reduces over), nothing on one rank.
+
+    ``device``: where the collectives' tensors live (the policy's: NCCL needs CUDA tensors).
+    """
+
+    def __init__(self, world_size: int = 1, rank: int = 0, device=None) -> None:
+        self.world_size, self.rank, self.device = world_size, rank, device
+
+    def sum(self, tensor: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return tensor
+        summed = tensor.clone()
+        torch.distributed.all_reduce(summed)
+        return summed
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        """[*shape] on every rank -> [world_size, *shape] (the shapes must agree)."""
+        if self.world_size == 1:
+            return tensor.unsqueeze(0)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    def any(self, decision: bool) -> bool:
+        """True when ``decision`` holds on some rank."""
+        if self.world_size == 1:
+            return decision
+        return bool(self.sum(torch.tensor(int(decision), device=self.device)) > 0)
+
+    def std(self, values: Tensor) -> float:
+        """Bessel std of every rank's ``values`` (NaN left out), from float64 sums (NaN when < 2)."""
+        scored = values[~values.isnan()].double()
+        count, total, squares = self.sum(torch.stack([
+            torch.tensor(float(scored.numel()), dtype=torch.float64, device=values.device),
+            scored.sum(), (scored * scored).sum()])).tolist()
+        return _bessel_std(total, squares, count)
+
+
+def _bessel_std(total: float, squares: float, count: float) -> float:
+    variance = (squares - total**2 / count) / (count - 1) if count > 1 else math.nan
+    return math.sqrt(max(variance, 0.0)) if variance == variance else math.nan
 
 
 @dataclass(frozen=True)
@@ -43,10 +89,8 @@ class AllRanksTotals:
                 "frac_reward_zero_std_all_ranks": self.frac_reward_zero_std}
 
 
-def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, frac_zero_std: Tensor) -> AllRanksTotals:
+def sum_over_ranks(ranks: Ranks, rewards: Tensor, loss_mask: Tensor, frac_zero_std: Tensor) -> AllRanksTotals:
     """rewards [N] (NaN: unscored), loss_mask [N, T], frac_zero_std 0-d -> totals over every rank."""
-    import torch
-
     scored = rewards[~rewards.isnan()].double()  # float64: the sum of squares must not cancel
     device = rewards.device
 
@@ -55,12 +99,11 @@ def sum_over_ranks(trainer: L.Trainer, rewards: Tensor, loss_mask: Tensor, frac_
 
     local = torch.stack([scored.sum(), (scored * scored).sum(), scalar(scored.numel()), scalar(frac_zero_std),
                          scalar(loss_mask.sum()), scalar(loss_mask.size(0))])
-    world_size = trainer.world_size
-    summed = trainer.strategy.reduce(local.clone(), reduce_op="sum") if world_size > 1 else local
-    reward_sum, reward_squares, count, frac_zero_std_sum, tokens, sequences = summed.tolist()  # one sync
-    variance = (reward_squares - reward_sum**2 / count) / (count - 1) if count > 1 else math.nan
+    world_size = ranks.world_size
+    reward_sum, reward_squares, count, frac_zero_std_sum, tokens, sequences = ranks.sum(local).tolist()  # one sync
     return AllRanksTotals(
         world_size=world_size, loss=LossTotals(tokens=tokens, sequences=sequences),
-        mean_reward=reward_sum / count if count else math.nan, reward_std=math.sqrt(max(variance, 0.0)),
+        mean_reward=reward_sum / count if count else math.nan,
+        reward_std=_bessel_std(reward_sum, reward_squares, count),
         frac_reward_zero_std=frac_zero_std_sum / world_size,
     )

@@ -1,7 +1,7 @@
 """What a training step learns from: the rows to train (a ``RolloutBatch``), their rewards, and the
 step's record for the callbacks.
 
-Training modes differ here and nowhere else in the step: single-turn GRPO samples G completions per
+Training modes differ here (``Mode.collect``) and in their advantage estimator: single-turn GRPO samples G completions per
 prompt and scores them in the sandbox (``CompletionGroups``); multi-turn modes play episodes and
 train on each model turn with its player's return (``rlcode.training.turn_samples.EpisodeTurns``). The
 loss, the update and the callbacks see the same shapes either way.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 from rlcode.training.step_record import StepRecord
 
@@ -31,7 +33,8 @@ class Experience(Protocol):
         ...
 
     def record(self, *, step: int, advantages: Tensor, updated: bool, loss: dict[str, float],
-               totals: AllRanksTotals, frac_zero_std: float, timings: dict[str, float]) -> StepRecord:
+               totals: AllRanksTotals, frac_zero_std: float, timings: dict[str, float],
+               extra_metrics: dict[str, float]) -> StepRecord:
         """The step as plain data, for metrics, rollout logs and plots."""
         ...
 
@@ -53,12 +56,10 @@ class CompletionGroups:
     outcome: RewardOutcome | None = None
 
     def rewards(self, device) -> Tensor:
-        import torch
-
         self.outcome = self.job.result()
         return torch.tensor(self.outcome.total, dtype=torch.float32, device=device)
 
-    def record(self, *, step, advantages, updated, loss, totals, frac_zero_std, timings) -> StepRecord:
+    def record(self, *, step, advantages, updated, loss, totals, frac_zero_std, timings, extra_metrics) -> StepRecord:
         outcome, rollout = self.outcome, self.rollout
         timings["rewards"] = outcome.seconds
         return StepRecord(
@@ -67,4 +68,4 @@ class CompletionGroups:
             rewards_by_function=outcome.by_function, details=outcome.details, advantages=advantages.tolist(),
             completion_lengths=rollout.completion_mask.sum(1).long().tolist(), truncated=rollout.truncated.tolist(),
             frac_reward_zero_std=frac_zero_std, updated=updated, loss=loss,
-            reward_metrics={**outcome.metrics, **totals.metrics()}, timings=timings)
+            reward_metrics={**outcome.metrics, **totals.metrics()}, timings=timings, extra_metrics=extra_metrics)

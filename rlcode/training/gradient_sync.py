@@ -16,7 +16,7 @@ def clip_grad_norm(parameters, max_norm: float) -> float:
     """Clip to ``max_norm`` and return the norm before clipping.
 
     Under DDP every rank holds the whole all-reduced gradient, so the local norm is the global one
-    (FSDP, which shards gradients, is refused by ``GRPO.setup``).
+    (FSDP, which shards gradients, is refused by ``Learner.setup``).
     """
     import torch
 

@@ -2,12 +2,18 @@
 prompt on the policy's device, the backend's copy of the weights kept current (vLLM), and the one
 case without local weights (a dry run against a served model).
 
-A mixin of ``GRPO``: it uses ``self.backend``, ``self.tokenizer``, ``self.policy`` and ``hparams``.
+A mixin of ``Learner``: it uses ``self.backend``, ``self.tokenizer``, ``self.policy`` and ``hparams``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from rlcode.models import load_tokenizer
+from rlcode.rollout import render_prompt
+from rlcode.rollout.openai.backend import OpenAIBackend
+from rlcode.rollout.openai.client import as_settings
+from rlcode.rollout.rendering import ChatPrompt
 
 _ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")
 
@@ -16,16 +22,14 @@ class PolicyRollouts:
     def render(self, prompt) -> str:
         """Chat messages through the tokenizer's chat template; plain text as it is. A backend whose
         server applies the template (openai, api chat) gets the messages as a ``ChatPrompt``."""
-        from rlcode.rollout import render_prompt
-        from rlcode.rollout.rendering import ChatPrompt
-
         if getattr(self.backend, "renders_chat", False):
             return ChatPrompt(prompt)
         return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
 
-    def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
+    def generate(self, prompts: list[str], num_generations: int, *, temperature: float | None = None,
                  max_new_tokens: int | None = None, seed: int | None = None):
-        """G completions per rendered prompt (prompt-major); the backend switches to eval mode."""
+        """G completions per rendered prompt (prompt-major; ``temperature`` None: the training one); the
+        backend switches to eval mode."""
         params = self.sampling_params(seed, temperature, max_new_tokens)
         rollout = self.backend.generate(prompts, num_generations, params)
         # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
@@ -33,8 +37,10 @@ class PolicyRollouts:
         return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
                                                for name in _ROLLOUT_TENSORS})
 
-    def turn_generator(self, temperature: float):
-        """(rendered prompts, seed) -> one completion each from the policy: what the episode runner calls."""
+    def turn_generator(self, temperature: float | None = None):
+        """(rendered prompts, seed) -> one completion each from the policy: what the episode runner calls
+        (``temperature`` None: the training one)."""
+        temperature = self.hparams.temperature if temperature is None else temperature
         return lambda prompts, seed: self.generate(prompts, 1, temperature=temperature, seed=seed)
 
     def model_description(self) -> str:
@@ -50,10 +56,6 @@ class PolicyRollouts:
         return self.hparams.rollout_backend == "openai" and self.hparams.dry_run
 
     def _configure_served_dry_run(self) -> None:
-        from rlcode.models import load_tokenizer
-        from rlcode.rollout.openai.backend import OpenAIBackend
-        from rlcode.rollout.openai.client import as_settings
-
         settings = as_settings(self.hparams.openai)
         # Chat: the server applies its template, nothing is loaded here. Completions: the trainer renders
         # the prompt, which takes the tokenizer (never the weights).

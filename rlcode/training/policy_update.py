@@ -1,32 +1,63 @@
 """The policy update of one RL step: ``num_iterations`` optimizer updates over the trained rows.
 
-Shared by every mode that trains on sampled completions (GRPO today): rows are micro-batched, each
-micro-batch's loss is its share of the step's loss (``LossTotals``), gradients are all-reduced once
-per update under DDP, and one step is counted however many updates it makes.
+Shared by every mode: rows are micro-batched, each micro-batch's loss is its share of the step's
+loss (``LossTotals``), gradients are all-reduced once per update under DDP, and one step is counted
+however many updates it makes. Everything it uses is passed in: the loss settings
+(``UpdateSettings``) and the trainer's hooks (``TrainerHooks``: backward, no-sync, optimizer step).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from rlcode.training.gradient_sync import no_gradient_sync
 from rlcode.algorithms.importance_correction import corrected_advantages, truncated_importance_weights, weight_metrics
-from rlcode.algorithms.losses import LossTotals, policy_loss
-from rlcode.training.optimizer_steps import update
+from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
 
 if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
 
 
-def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logps, rows, totals: LossTotals
-                  ) -> dict[str, float]:
-    """``num_iterations`` optimizer updates over ``rows``, micro-batched; one counted step.
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The loss and its micro-batching (the Learner's settings of the same names)."""
 
-    ``module`` is the LightningModule (its policy, hparams, optimizer and trainer). The losses are normalised by the whole step's totals (every row, every rank: see
+    loss_type: LossType
+    beta: float
+    epsilon_low: float
+    epsilon_high: float
+    importance_sampling_level: ImportanceSamplingLevel
+    num_iterations: int
+    micro_batch_size: int
+    share_prefix: bool
+    temperature: float
+    max_completion_length: int
+    importance_sampling_cap: float | None = None
+    """A sampler that is not the policy (vLLM): TRL's cap of the truncated importance weights."""
+
+
+@dataclass(frozen=True)
+class TrainerHooks:
+    """What the update does through the trainer."""
+
+    backward: Callable[[torch.Tensor], None]
+    """Backward of a loss (``manual_backward``: precision plugin, DDP)."""
+    no_sync: Callable[[], AbstractContextManager]
+    """Accumulate gradients without the DDP all-reduce (``gradient_sync.no_gradient_sync``)."""
+    step: Callable[[bool], None]
+    """One optimizer update, then zero the gradients; True: count it as the step (``optimizer_steps.update``)."""
+    world_size: int
+
+
+def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout: RolloutBatch, loss_mask,
+                  advantages, ref_logps, rows, totals: LossTotals) -> dict[str, float]:
+    """``num_iterations`` optimizer updates of ``policy`` over ``rows``, micro-batched; one counted step.
+
+    The losses are normalised by the whole step's totals (every row, every rank: see
     ``rlcode.algorithms.losses``), so micro-batch size and rank count do not change the update.
     The first pass's log-probs, computed under the weights that sampled the rollouts, are the
     old log-probs of the later passes (no extra forward pass; its ratio is exactly 1).
@@ -34,24 +65,26 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
     Under DDP, gradients are all-reduced once per optimizer update: every micro-batch but the
     last runs its backward in the strategy's ``block_backward_sync`` (DDP's ``no_sync``), which
     is also what lets ranks run different numbers of micro-batches. A rank with no row to train
-    still joins the one sync with a zero-weighted backward of one completion; DDP averages
+    still joins the one sync with a zero-weighted backward of one completion (a one-token dummy when
+    its rollout has no row at all: every game ended before the policy's first turn); DDP averages
     gradients over ranks, so each rank's loss is scaled by the world size.
     """
-    hp = module.hparams
-    optimizer = module.optimizers()
+    hp = settings
     contributes = len(rows) > 0
-    micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=module.device)]
-    logps_dtype = torch.promote_types(next(module.policy.parameters()).dtype, torch.float32)  # completion_logps'
+    if rollout.completion_ids.size(0) == 0:  # nothing to run even a zero-weighted pass on
+        rollout, loss_mask, advantages, ref_logps = _dummy_row(rollout, loss_mask)
+    micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=loss_mask.device)]
+    logps_dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)  # completion_logps'
     old_logps = torch.zeros_like(loss_mask, dtype=logps_dtype) if hp.num_iterations > 1 else None
     # A sampler that is not the policy (vLLM): TRL's truncated importance weights of each token, from
     # the first pass's log-probs (the policy at sampling time) against the sampler's.
-    cap = getattr(module.backend, "importance_sampling_cap", None)
+    cap = hp.importance_sampling_cap
     weights = torch.ones_like(loss_mask, dtype=torch.float32) \
         if rollout.sampling_logps is not None and cap is not None else None
     parts_sum: dict[str, Any] = {}
     for iteration in range(hp.num_iterations):
         for position, index in enumerate(micro_batches):
-            logps = completion_logps(module.policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
+            logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                      rollout.completion_ids[index], rollout.completion_mask[index],
                                      hp.temperature, share_prefix=hp.share_prefix)
             if iteration == 0 and old_logps is not None:
@@ -67,15 +100,14 @@ def update_policy(module, rollout: RolloutBatch, loss_mask, advantages, ref_logp
                 None if ref_logps is None else ref_logps[index],
                 loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
                 beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                max_completion_length=hp.max_new_tokens, totals=totals)
+                max_completion_length=hp.max_completion_length, totals=totals)
             last = position == len(micro_batches) - 1
-            scale = module.trainer.world_size if contributes else 0.0  # 0: join the sync, move nothing
-            with nullcontext() if last else no_gradient_sync(module.trainer.strategy):
-                module.manual_backward(loss * scale)
+            scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
+            with nullcontext() if last else hooks.no_sync():
+                hooks.backward(loss * scale)
             if contributes:
                 _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
-        update(optimizer, counted=iteration == hp.num_iterations - 1)
-    module._weights_changed()
+        hooks.step(iteration == hp.num_iterations - 1)
     if not contributes:
         return {}
     # Loss shares add up to the step's loss; the other parts are means over micro-batches.
@@ -90,3 +122,17 @@ def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
     """Add detached 0-d tensors on the device: no host sync per micro-batch."""
     for key, value in parts.items():
         sums[key] = sums[key] + value if key in sums else value
+
+
+def _dummy_row(rollout: RolloutBatch, loss_mask):
+    """One one-token row (token 0, in the rollout's dtypes and device) for a rank that must join the
+    gradient sync with nothing of its own: its loss is multiplied by 0."""
+    import dataclasses
+
+    device = loss_mask.device
+    ids = torch.zeros(1, 1, dtype=rollout.completion_ids.dtype, device=device)
+    mask = torch.ones(1, 1, dtype=rollout.completion_mask.dtype, device=device)
+    dummy = dataclasses.replace(rollout, prompt_ids=ids, prompt_mask=mask.clone(), completion_ids=ids.clone(),
+                                completion_mask=mask.clone(), sampling_logps=None,
+                                truncated=torch.zeros(1, dtype=torch.bool, device=device))
+    return dummy, torch.ones(1, 1, dtype=loss_mask.dtype, device=device), torch.zeros(1, device=device), None

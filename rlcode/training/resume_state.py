@@ -8,13 +8,11 @@ an estimator that shuffles) diverges from the run that was never stopped. This m
 
 - the RNG states of python, numpy, torch (CPU and every CUDA device) of every rank, taken when the
   checkpoint is written, i.e. between two steps;
-- the state of every *resume part* of the module: ``module.resume_parts`` maps a name to an object
-  with ``state_dict()`` / ``load_state_dict()``. The reward mixture is one (reward functions with
-  state, e.g. a curriculum, keep it); an advantage estimator with running per-role baselines joins
-  by adding itself: ``module.resume_parts["advantage_estimator"] = estimator``.
+- the training mode's state (``Mode.state_dict``: its reward functions' state, e.g. a curriculum,
+  and its advantage estimator's, e.g. SPIRAL's per-role baselines), under ``parts["mode"]``.
 
-The RNG states are put back at the first training batch after the restore, not when the checkpoint
-is loaded: between the two, Lightning creates the dataloader iterator, which draws a base seed from
+The mode's state is loaded with the checkpoint. The RNG states are put back at the first training
+batch after the restore, not when the checkpoint is loaded: between the two, Lightning creates the dataloader iterator, which draws a base seed from
 torch's generator that the uninterrupted run drew long before. Sampling needs nothing here: each
 step's generation seed is a function of (generation_seed, step, rank).
 """
@@ -98,26 +96,21 @@ def _as_python_state(state):
 
 
 class ExactResume:
-    """LightningModule mixin: saves the entry with each checkpoint, restores it at the first batch.
+    """LightningModule mixin: saves the entry with each checkpoint (the module's ``mode`` as its one
+    part), loads the mode's state with the checkpoint and the RNG states at the first batch."""
 
-    Parts: ``self.rewards`` (when the module has one) and ``self.resume_parts``.
-    """
-
-    def init_resume_state(self) -> None:
-        self.resume_parts: dict[str, Stateful] = {}
-        self._pending_resume: dict[str, Any] | None = None
-
-    def _all_resume_parts(self) -> dict[str, Stateful]:
-        return {"rewards": getattr(self, "rewards", None), **self.resume_parts}
+    _pending_rng: dict[str, Any] | None = None
 
     def save_resume_state(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[KEY] = capture(self._all_resume_parts())
+        checkpoint[KEY] = capture({"mode": self.mode})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._pending_resume = checkpoint.get(KEY)
+        entry = checkpoint.get(KEY)
+        if entry is not None:
+            restore_parts(entry, {"mode": self.mode})
+        self._pending_rng = entry
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if self._pending_resume is not None:
-            entry, self._pending_resume = self._pending_resume, None
-            restore_parts(entry, self._all_resume_parts())
+        if self._pending_rng is not None:
+            entry, self._pending_rng = self._pending_rng, None
             set_rng_states(own_rng_states(entry, getattr(self, "global_rank", 0)))

@@ -1,6 +1,6 @@
-"""What one GRPO step did, as plain data: callbacks log, sample and plot from it.
+"""What one training step did, as plain data: callbacks log, sample and plot from it.
 
-The LightningModule fills one record per training step, keeps it as ``module.last_step`` and adds
+The Learner fills one record per training step, keeps it as ``learner.last_step`` and adds
 it to its run history (``rlcode.training.run_history``), which keeps the step's scalars; metrics,
 rollout logging, plots and the end-of-run summary read that history, so the training step itself
 stays free of logging code.

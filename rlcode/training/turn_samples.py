@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from rlcode.training.step_record import StepRecord
 from rlcode.rollout.assembly import batch_from_token_lists
 
@@ -28,10 +30,9 @@ class EpisodeTurns:
     """[N] one row per learner turn, episode by episode."""
     rows: list[tuple[int, int]]
     """(episode index, turn index) of each row."""
-    extra_metrics: dict[str, float]
 
     @classmethod
-    def from_episodes(cls, episodes: list[Episode], pad_token_id: int, device, extra_metrics=None) -> EpisodeTurns:
+    def from_episodes(cls, episodes: list[Episode], pad_token_id: int, device) -> EpisodeTurns:
         rows = [(e, t) for e, episode in enumerate(episodes) for t, turn in enumerate(episode.turns) if turn.learner]
         # No rows happens (every game ended before the policy's first turn): the step then has no update.
         turns = [episodes[e].turns[t] for e, t in rows]
@@ -42,18 +43,16 @@ class EpisodeTurns:
             prompt_ids=[turn.prompt_ids for turn in turns], completion_ids=[turn.completion_ids for turn in turns],
             ended=[not turn.truncated for turn in turns], completion_texts=[turn.text for turn in turns],
             pad_token_id=pad_token_id, device=device, sampling_logps=sampler_logps if with_logps else None)
-        return cls(episodes, rollout, rows, dict(extra_metrics or {}))
+        return cls(episodes, rollout, rows)
 
     def returns(self) -> list[float]:
         """The return of each row's player in its episode."""
         return [self.episodes[e].returns.get(self.episodes[e].turns[t].player, float("nan")) for e, t in self.rows]
 
     def rewards(self, device) -> Tensor:
-        import torch
-
         return torch.tensor(self.returns(), dtype=torch.float32, device=device)
 
-    def record(self, *, step, advantages, updated, loss, totals, frac_zero_std, timings) -> StepRecord:
+    def record(self, *, step, advantages, updated, loss, totals, frac_zero_std, timings, extra_metrics) -> StepRecord:
         turns = [self.episodes[e].turns[t] for e, t in self.rows]
         returns = self.returns()
         return StepRecord(
@@ -63,7 +62,7 @@ class EpisodeTurns:
             details=[_describe(turn.info) for turn in turns], advantages=advantages.tolist(),
             completion_lengths=[len(turn.completion_ids) for turn in turns], truncated=[t.truncated for t in turns],
             frac_reward_zero_std=frac_zero_std, updated=updated, loss=loss, reward_metrics=totals.metrics(),
-            timings=timings, episodes=[episode_json(e) for e in self.episodes], extra_metrics=self.extra_metrics)
+            timings=timings, episodes=[episode_json(e) for e in self.episodes], extra_metrics=extra_metrics)
 
 
 def episode_json(episode: Episode) -> dict:
