@@ -153,3 +153,15 @@ def test_ranks_fed_the_same_outcomes_draw_disjoint_halves_of_one_batch():
             dm.record_outcomes(batches[0]["position"][1], everyone, [0.5] * len(everyone))
     assert ranks[0].curriculum.state_dict() == ranks[1].curriculum.state_dict()
     assert list(itertools.islice(ranks[0].curriculum.estimates, 3))
+
+
+@needs_mbpp
+def test_extra_batches_are_a_function_of_the_step_and_round_and_leave_the_stream_alone():
+    for curriculum in (True, False):
+        dm = _module() if curriculum else MBPPDataModule(source=MBPP_PATH, num_train_tasks=16, prompts_per_step=2)
+        dm.setup("fit")
+        position = dict(dm.position)
+        first = dm.extra_batch(3, 1)["task_id"]
+        assert dm.extra_batch(3, 1)["task_id"] == first and len(set(first)) == 2
+        assert [dm.extra_batch(3, r)["task_id"] for r in (2, 3, 4)] != [first] * 3
+        assert dm.position == position and "position" not in dm.extra_batch(3, 1)

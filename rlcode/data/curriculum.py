@@ -92,11 +92,11 @@ class Curriculum:
             pools[self.bucket(problem, step)].append(problem)
         return pools
 
-    def draw(self, step: int, n: int) -> list[int]:
-        """``n`` distinct problems for ``step`` (the same on every rank: seeded by (seed, step))."""
+    def draw(self, step: int, n: int, salt: str = "") -> list[int]:
+        """``n`` distinct problems for ``step`` (the same on every rank: seeded by (seed, step, salt))."""
         if n > self.num_problems:
             raise ValueError(f"a step of {n} prompts needs at least {n} training problems, got {self.num_problems}")
-        rng = random.Random(f"curriculum-{self.seed}-{step}")
+        rng = random.Random(f"curriculum-{self.seed}-{step}{salt}")
         pools = self.pools(step)
         explore = pools["unseen"] + pools["stale"]
         learnable = pools["learnable"]

@@ -213,6 +213,19 @@ class MBPPDataModule(L.LightningDataModule):
             self.position = {"epoch": epoch, "batch": index + 1}
         return batch
 
+    def extra_batch(self, draw: int, round_: int) -> PromptBatch:
+        """More prompts for the step that took batch ``draw`` (dynamic sampling's round ``round_``):
+        a function of (seed, draw, round, rank), so a resumed run draws the same; the curriculum's
+        rule when there is one, else uniform. The stream's position does not move."""
+        n, salt = self.prompts_per_step, f"-extra-{round_}-{self.rank}"
+        if self.curriculum is not None:
+            problems = self.curriculum.draw(draw, n, salt=salt)
+        else:
+            problems = random.Random(f"{self.seed}-{draw}{salt}").sample(range(len(self.train_tasks)), n)
+        batch = self.make_batch([self.train_tasks[i] for i in problems], 0, draw)
+        del batch["position"]
+        return batch
+
     def record_outcomes(self, draw: int, task_ids: list[Any], success_shares: list[float]) -> None:
         """Feed the curriculum one step's scored groups: every rank's, in rank order, so that all
         ranks hold the same estimates (a no-op without a curriculum)."""
