@@ -19,6 +19,7 @@ from ``val_dataloader`` / ``test_dataloader`` in batches of ``eval_batch_size``,
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from typing import Any, Iterator
@@ -27,6 +28,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
+from rlcode.data.curriculum import Curriculum, CurriculumSettings
 from rlcode.data.humaneval import load_humaneval
 from rlcode.data.mbpp import ENV_VAR, HUB_ID, MBPPTask, load_mbpp
 from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt, length_order
@@ -61,6 +63,9 @@ class PromptStream(IterableDataset):
     def __iter__(self) -> Iterator[PromptBatch]:
         dm = self.datamodule
         epoch, offset = dm.position["epoch"], dm.position["batch"]
+        if dm.curriculum is not None:  # which problems is decided when the step takes the batch
+            for index in itertools.count(offset):
+                yield {"position": (0, index), "curriculum_draw": index}
         while True:
             batches = rank_batches(len(dm.train_tasks), dm.prompts_per_step, dm.seed, epoch,
                                    dm.rank, dm.world_size)
@@ -81,6 +86,7 @@ class MBPPDataModule(L.LightningDataModule):
         seed: int = 0,
         num_eval_tasks: int | None = None,
         eval_batch_size: int | None = None,
+        curriculum: CurriculumSettings | None = None,
     ) -> None:
         """MBPP prompts for training and tasks for evaluation.
 
@@ -100,6 +106,9 @@ class MBPPDataModule(L.LightningDataModule):
             eval_batch_size: problems generated together by ``rlcode validate`` / ``rlcode test`` and,
                 unless it sets its own, the MBPP eval callback. Only speed depends on it (greedy
                 completions are the same at any size). None: 16 on CPU, 32 on a GPU.
+            curriculum: draw each step's prompts preferring problems the policy sometimes solves
+                (``rlcode.data.curriculum``: estimates from the groups already scored, an
+                exploration share for unseen and stale problems); None: the seeded shuffle.
         """
         super().__init__()
         if prompt_format not in PROMPT_FORMATS:
@@ -117,6 +126,8 @@ class MBPPDataModule(L.LightningDataModule):
         self.seed = seed
         self.num_eval_tasks = num_eval_tasks
         self.eval_batch_size = eval_batch_size
+        self.curriculum_settings = curriculum
+        self.curriculum: Curriculum | None = None  # built with the training tasks
         self.train_tasks: list[MBPPTask] = []
         # What validate / test and the eval callback score: "mbpp" (eval_split, and the test split for
         # `rlcode test`) or "humaneval" (its 164 problems for both). Set by the eval callback
@@ -144,6 +155,8 @@ class MBPPDataModule(L.LightningDataModule):
                 raise ValueError(
                     f"{len(self.train_tasks)} training tasks cannot fill one step of {self.prompts_per_step} "
                     f"prompts on {self.world_size} rank(s): raise data.num_train_tasks or lower data.prompts_per_step")
+        if stage == "fit" and self.curriculum_settings is not None and self.curriculum is None:
+            self.curriculum = Curriculum(self.curriculum_settings, len(self.train_tasks), self.seed)
 
     def train_dataloader(self):
         # batch_size=None: the stream yields whole batches; workers=0 keeps the position in this process.
@@ -182,14 +195,42 @@ class MBPPDataModule(L.LightningDataModule):
         return DataLoader(batches, batch_size=None, num_workers=0)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict) and "curriculum_draw" in batch:
+            # Drawn now, not when the loader prefetched: the estimates include the previous step.
+            index = batch["curriculum_draw"]
+            drawn = self.curriculum.draw(index, self.prompts_per_step * self.world_size)
+            mine = drawn[self.rank * self.prompts_per_step:(self.rank + 1) * self.prompts_per_step]
+            batch = self.make_batch([self.train_tasks[i] for i in mine], 0, index)
         if isinstance(batch, dict) and "position" in batch:
             epoch, index = batch["position"]
             self.position = {"epoch": epoch, "batch": index + 1}
         return batch
 
+    def extra_batch(self, draw: int, round_: int) -> PromptBatch:
+        """More prompts for the step that took batch ``draw`` (dynamic sampling's round ``round_``):
+        a function of (seed, draw, round, rank), so a resumed run draws the same; the curriculum's
+        rule when there is one, else uniform. The stream's position does not move."""
+        n, salt = self.prompts_per_step, f"-extra-{round_}-{self.rank}"
+        if self.curriculum is not None:
+            problems = self.curriculum.draw(draw, n, salt=salt)
+        else:
+            problems = random.Random(f"{self.seed}-{draw}{salt}").sample(range(len(self.train_tasks)), n)
+        batch = self.make_batch([self.train_tasks[i] for i in problems], 0, draw)
+        del batch["position"]
+        return batch
+
+    def record_outcomes(self, draw: int, task_ids: list[Any], success_shares: list[float]) -> None:
+        """Feed the curriculum one step's scored groups: every rank's, in rank order, so that all
+        ranks hold the same estimates (a no-op without a curriculum)."""
+        if self.curriculum is not None:
+            index_of = {task.task_id: i for i, task in enumerate(self.train_tasks)}
+            self.curriculum.observe(draw, [index_of[t] for t in task_ids], success_shares)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"position": dict(self.position), "seed": self.seed,
-                "prompts_per_step": self.prompts_per_step}
+        state = {"position": dict(self.position), "seed": self.seed, "prompts_per_step": self.prompts_per_step}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("seed", self.seed) != self.seed or state_dict.get(
@@ -198,6 +239,8 @@ class MBPPDataModule(L.LightningDataModule):
             rank_zero_warn("data.seed or data.prompts_per_step differ from the checkpoint's: the prompt order "
                            "after resuming is not the one the run started with")
         self.position = dict(state_dict["position"])
+        if self.curriculum is not None and "curriculum" in state_dict:  # setup ran first: it exists
+            self.curriculum.load_state_dict(state_dict["curriculum"])
 
     # ---- batches and eval tasks -------------------------------------------------------------
     def make_batch(self, tasks: list[MBPPTask], epoch: int, index: int) -> PromptBatch:
