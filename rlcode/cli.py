@@ -47,7 +47,9 @@ from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
+from rlcode.export import main as export_main  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
+import rlcode.platform as platform  # noqa: E402  (module access: tests fake detect_platform on it)
 from rlcode.platform_profile import with_profile  # noqa: E402
 from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
                             run_loggers, version_of)
@@ -193,13 +195,11 @@ class RLCodeCLI(LightningCLI):
 def _choose_precision(config, profile=None) -> None:
     """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
     older, 32-true on CPU). Says what it found and chose, once, at start."""
-    from rlcode.platform import default_precision, detect_platform
-
-    info = detect_platform()
+    info = platform.detect_platform()
     chosen = config["trainer"].get("precision")
     how = "from the config"
     if chosen is None:
-        chosen, how = default_precision(info), "chosen for this hardware"
+        chosen, how = platform.default_precision(info), "chosen for this hardware"
         config["trainer"]["precision"] = chosen
         model = config.get("model") or {}
         if "precision" in model:
@@ -257,8 +257,6 @@ def main(args: list[str] | None = None) -> None:
     else:
         args = argv
     if argv[:1] == ["export"]:  # not a Lightning subcommand: adapters or merged weights from a checkpoint
-        from rlcode.export import main as export_main
-
         return export_main(argv[1:])
     try:
         RLCodeCLI(
