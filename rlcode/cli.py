@@ -144,6 +144,10 @@ class RLCodeCLI(LightningCLI):
         try:
             # Before parsing, so that --print_config shows the GPU profile's values.
             argv, self._platform_profile = with_profile(parser, args)
+            words = sys.argv[1:] if argv is None else list(argv)
+            if "--print_config" in words:
+                _print_config_of_the_mode(parser, [word for word in words if word != "--print_config"],
+                                          self._subcommand_parsers)
             if argv is args:
                 super().parse_arguments(parser, args)
             else:
@@ -190,6 +194,22 @@ class RLCodeCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
+
+
+def _print_config_of_the_mode(parser, words: list[str], subcommand_parsers) -> None:
+    """``--print_config``, less the evaluation group the run's data cannot feed: ``eval:`` (MBPP and
+    HumanEval problems) for game data, ``game_eval:`` (games against a random mover) for MBPP data.
+    Both groups stay in the parser, so overlays and platform profiles that set them keep working."""
+    config = parser.parse_args(words)
+    subcommand = config.get("subcommand")
+    if subcommand is None:  # a bare `rlcode --print_config`: jsonargparse's own
+        parser.parse_args([*words, "--print_config"])
+        return
+    own = config[subcommand]
+    unread = "eval" if own["data"]["class_path"].endswith(".GameDataModule") else "game_eval"
+    own.pop(unread, None)
+    sys.stdout.write(subcommand_parsers[subcommand].dump(own, skip_none=False, skip_check=True))
+    raise SystemExit(0)
 
 
 def _choose_precision(config, profile=None) -> None:

@@ -65,8 +65,12 @@ def test_the_model_section_lists_only_what_the_mode_reads(config, capsys):
     base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
         if config.name in OVERLAYS or config.parent.name == "hw" else []
     files = [*base, config]
-    model = printed(capsys, *files)["model"]
+    shown = printed(capsys, *files)
+    model = shown["model"]
     mode = model.pop("mode")
+    games = shown["data"]["class_path"].endswith(".GameDataModule")
+    assert ("game_eval" in shown, "eval" in shown) == (games, not games), \
+        "only the evaluation the run's data feeds: games against a random mover, or MBPP/HumanEval problems"
     mode_class = resolve(mode["class_path"])
     assert mode_class is resolve(named_mode(files)), "the printed mode is the one the config names"
     assert set(model) == parameters(Learner) - {"mode"} - LINKED, "model: holds exactly the learner's settings"
