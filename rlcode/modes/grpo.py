@@ -78,6 +78,10 @@ class GRPO(Mode):
 
     def check_data(self, datamodule) -> None:
         check_mbpp_data(self, datamodule)
+        if self.dynamic_sampling is not None and not hasattr(datamodule, "extra_batch"):
+            raise SettingError(f"model.mode.init_args.dynamic_sampling draws further prompts from the DataModule, "
+                               f"which {type(datamodule).__name__} cannot give: use rlcode.data.datamodule.MBPPDataModule "
+                               "or leave dynamic_sampling unset")
 
     def setup(self, learner: LearnerView, stage: str) -> None:
         if stage == "fit" and self.reward_mixture is None:
