@@ -13,6 +13,8 @@ generation rounds (``rlcode.training.dynamic_sampling``).
 
 from __future__ import annotations
 
+import hashlib
+
 from rlcode.algorithms.advantages import RewardScaling
 from rlcode.data.curriculum import success_shares
 from rlcode.errors import SettingError
@@ -166,5 +168,7 @@ class GRPO(Mode):
 
 def extra_round_seed(step_seed: int, round_: int) -> int:
     """The sampling seed of dynamic sampling's round ``round_`` (1, 2, ...) of a step: a function of
-    the step's and rank's seed and the round, so a resumed run samples the same."""
-    return (step_seed * 1_000_033 + round_) % (2**63 - 1)
+    the step's and rank's seed and the round, so a resumed run samples the same. Hashed (56 bits), so
+    it does not coincide with another step's or rank's seed as an affine mix of small numbers would."""
+    digest = hashlib.blake2b(f"dynamic-sampling-{step_seed}-{round_}".encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
