@@ -9,6 +9,11 @@ baseline for every seed, so only the first seed evaluates at start and the other
 the problems that flipped each way (b: pass -> fail, c: fail -> pass) and the exact two-sided
 McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2).
 
+HumanEval (164 problems, never trained on) is the held-out benchmark: after each seed's fit,
+``rlcode test --eval.benchmark humaneval`` scores the final checkpoint greedily, and once the base
+model (reused by every seed like the MBPP baseline); the same table and test are reported for it
+(``--no-humaneval`` skips it). Its verdicts are in ``<run>/humaneval/.../eval/test_step_0.json``.
+
     .venv/bin/python benchmarks/learning_mbpp.py [--config configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
         [--threads 2] [--json out.json] [-- any rlcode fit arguments]
     .venv/bin/python benchmarks/learning_mbpp.py --seeds 1 --baseline SEED0_RUN_DIR   # more seeds, in parallel
@@ -74,6 +79,32 @@ def fit(configs: list[Path], seed: int, root: Path, threads: int, at_start: bool
     return (time.perf_counter() - started) / 60
 
 
+def humaneval_test(configs: list[Path], root: Path, threads: int, checkpoint: Path | None) -> Path:
+    """Greedy HumanEval pass@1 of the recipe's model (the base model, or ``checkpoint``'s weights):
+    ``rlcode test --eval.benchmark humaneval``; the path of its per-problem verdicts."""
+    overlays = [argument for config in configs for argument in ("--config", str(config))]
+    command = [sys.executable, "-m", "rlcode.cli", "test", *overlays, "--run.root_dir", str(root),
+               "--run.cpu_threads", str(threads), "--eval.benchmark", "humaneval",
+               *(["--ckpt_path", str(checkpoint)] if checkpoint is not None else [])]
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, cwd=REPO, check=True)
+    return humaneval_file(root)
+
+
+def humaneval_file(root: Path) -> Path:
+    found = sorted(root.rglob("eval/test_step_*.json"), key=lambda path: path.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"{root} has no eval/test_step_*.json: did rlcode test --eval.benchmark humaneval run?")
+    return found[-1]
+
+
+def last_checkpoint(run: Path) -> Path:
+    found = sorted(run.rglob("checkpoints/last.ckpt"))
+    if not found:
+        raise FileNotFoundError(f"{run} has no checkpoints/last.ckpt to score on HumanEval")
+    return found[-1]
+
+
 def baseline_eval(run: Path) -> Path:
     """The step-0 eval of a finished run, to reuse as other seeds' baseline."""
     start = eval_files(run).get(0)
@@ -83,7 +114,8 @@ def baseline_eval(run: Path) -> Path:
     return start
 
 
-def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None) -> list[dict]:
+def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None,
+              humaneval_baseline: Path | None = None) -> list[dict]:
     rows = []
     for seed, run in runs:
         files = eval_files(run)
@@ -95,11 +127,13 @@ def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None) -> list
                                     "eval.at_start true")
         last = max(files)
         rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(start), verdicts(files[last]))})
+        if humaneval_baseline is not None and (run / "humaneval").is_dir():
+            rows[-1]["humaneval"] = compare(verdicts(humaneval_baseline), verdicts(humaneval_file(run / "humaneval")))
     return rows
 
 
-def print_table(rows: list[dict], recipe: str) -> None:
-    print(f"\nGreedy pass@1 on MBPP test ({rows[0]['problems']} problems), recipe {recipe}")
+def print_table(rows: list[dict], recipe: str, benchmark: str = "MBPP test") -> None:
+    print(f"\nGreedy pass@1 on {benchmark} ({rows[0]['problems']} problems), recipe {recipe}")
     print("| seed | steps | before | after | change | pass -> fail | fail -> pass | McNemar p |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -109,6 +143,9 @@ def print_table(rows: list[dict], recipe: str) -> None:
               f"| {len(row['gained'])} | {row['mcnemar_p']:.3g} |")
     for row in rows:
         print(f"seed {row['seed']}: lost {row['lost']}, gained {row['gained']}")
+    held_out = [{"seed": row["seed"], "steps": row["steps"], **row["humaneval"]} for row in rows if "humaneval" in row]
+    if held_out:
+        print_table(held_out, recipe, "HumanEval (held out)")
 
 
 def main() -> None:
@@ -123,28 +160,39 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a finished run whose step-0 eval every seed reuses: "
                         "no seed evaluates at start, so seeds can run as parallel invocations")
     parser.add_argument("--from-runs", type=Path, nargs="+", help="summarize these finished run directories")
+    parser.add_argument("--no-humaneval", dest="humaneval", action="store_false",
+                        help="skip scoring the base model and each seed's final checkpoint on HumanEval")
+    parser.add_argument("--humaneval-baseline", type=Path, help="the base model's HumanEval verdicts "
+                        "(eval/test_step_0.json of an earlier benchmark run), reused instead of scoring it again")
     parser.add_argument("--json", type=Path)
     parser.add_argument("fit_args", nargs=argparse.REMAINDER, help="after --: more rlcode fit arguments")
     args = parser.parse_args()
     extra = [a for a in args.fit_args if a != "--"]
     recipe = "+".join(config.stem for config in args.config)
     baseline = baseline_eval(args.baseline) if args.baseline else None
+    humaneval_baseline = args.humaneval_baseline
 
     if args.from_runs:
         recipe = "as each run's name says"
         runs = [(run.name, run) for run in args.from_runs]
         baseline = baseline or next((files[0] for _, run in runs if 0 in (files := eval_files(run))), None)
-        rows = summarize(runs, baseline)
+        base_dirs = [run.parent / "humaneval-base" for _, run in runs if (run.parent / "humaneval-base").is_dir()]
+        humaneval_baseline = humaneval_baseline or (humaneval_file(base_dirs[0]) if base_dirs else None)
+        rows = summarize(runs, baseline, humaneval_baseline)
     else:
         root = args.root or Path(tempfile.mkdtemp(prefix="learning-mbpp-"))
+        if args.humaneval and humaneval_baseline is None:  # greedy: the same for every seed
+            humaneval_baseline = humaneval_test(args.config, root / "humaneval-base", args.threads, None)
         runs, minutes = [], {}
         for seed in args.seeds:
             run = root / f"{recipe}-seed{seed}"
             minutes[seed] = fit(args.config, seed, run, args.threads, baseline is None or args.baseline_every_seed,
                                 extra)
+            if args.humaneval:
+                humaneval_test(args.config, run / "humaneval", args.threads, last_checkpoint(run))
             baseline = baseline or eval_files(run).get(0)
             runs.append((seed, run))
-        rows = summarize(runs, baseline)
+        rows = summarize(runs, baseline, humaneval_baseline if args.humaneval else None)
         for row in rows:
             row["minutes"] = minutes[row["seed"]]
     print_table(rows, recipe)

@@ -4,7 +4,8 @@ short multi-step run help?
 1. Before training: greedy episodes of up to 3 attempts on MBPP validation problems; success at 1
    attempt vs within 3 (the same episodes: success at 1 is the single-attempt baseline).
 2. After a short `rlcode fit --config configs/multistep_mbpp.yaml`: the same evaluation with the
-   trained weights.
+   trained weights, and per measure (solved at the first attempt, within all attempts) the problems
+   that flipped each way and McNemar's exact p on the same problems.
 
     .venv/bin/python benchmarks/multistep_mbpp.py [--problems 40] [--steps 6] [--threads 1] [--json out.json]
 """
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # learning_mbpp's McNemar test
 DEFAULT_MBPP = str(REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 
 
@@ -54,7 +56,18 @@ def evaluate(checkpoint: Path | None, problems: int, attempts: int, batch: int) 
     metrics["seconds"] = time.perf_counter() - started
     metrics["problems"] = len(tasks)
     metrics["solved_task_ids"] = [t.task_id for t, e in zip(tasks, episodes) if e.success]
+    metrics["solved_first_task_ids"] = [t.task_id for t, e in zip(tasks, episodes) if e.success and len(e.turns) == 1]
+    metrics["task_ids"] = [t.task_id for t in tasks]
     return metrics
+
+
+def paired(before: dict, after: dict, key: str) -> dict:
+    """Flips of one measure between two evaluations of the same problems, with McNemar's exact p."""
+    from learning_mbpp import mcnemar_exact
+
+    was, now = set(before[key]), set(after[key])
+    lost, gained = sorted(was - now), sorted(now - was)
+    return {"lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(len(lost), len(gained))}
 
 
 def main() -> None:
@@ -91,6 +104,11 @@ def main() -> None:
             m = report[name]
             print(f"| {name} | {m['multistep/success_at_1']:.3f} | {m[f'multistep/success_at_{args.attempts}']:.3f} | "
                   f"{m['multistep/mean_attempts']:.2f} | {m['multistep/fixed_rate']:.3f} | {m['seconds'] / 60:.1f} |")
+    if "after" in report:
+        for key, measure in (("solved_first_task_ids", "success at 1"), ("solved_task_ids", f"within {args.attempts}")):
+            report[f"paired {measure}"] = flips = paired(report["before"], report["after"], key)
+            print(f"{measure}: pass -> fail {flips['lost']}, fail -> pass {flips['gained']}, "
+                  f"McNemar p {flips['mcnemar_p']:.3g}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

@@ -61,6 +61,15 @@ def test_short_pools_are_filled_from_exploration_then_from_every_problem():
     assert len(set(c.draw(2, 6))) == 6
 
 
+def test_a_draw_avoids_the_problems_already_drawn_while_others_are_left():
+    c = _curriculum(num_problems=6, explore_share=0.5)
+    c.observe(0, [0, 1], [0.5, 0.5])  # learnable 0, 1; unseen 2-5
+    for step in range(1, 20):
+        drawn = c.draw(step, 2, salt="-extra", avoid=frozenset({0, 2, 3}))
+        assert set(drawn) <= {1, 4, 5} and 1 in drawn, "the learnable one left, and one unseen not avoided"
+    assert len(set(c.draw(1, 6, avoid=frozenset({0, 2, 3})))) == 6, "avoided problems fill a draw that needs them"
+
+
 def test_draws_are_seeded_by_step_and_survive_a_state_round_trip():
     c = _curriculum(num_problems=30)
     c.observe(0, list(range(20)), [i / 20 for i in range(20)])
@@ -165,3 +174,8 @@ def test_extra_batches_are_a_function_of_the_step_and_round_and_leave_the_stream
         assert dm.extra_batch(3, 1)["task_id"] == first and len(set(first)) == 2
         assert [dm.extra_batch(3, r)["task_id"] for r in (2, 3, 4)] != [first] * 3
         assert dm.position == position and "position" not in dm.extra_batch(3, 1)
+        others = [dm.train_tasks[i].task_id for i in range(14)]  # all but two of the 16 already drawn
+        for round_ in (1, 2, 3):
+            assert set(dm.extra_batch(3, round_, drawn=others)["task_id"]) == \
+                {dm.train_tasks[14].task_id, dm.train_tasks[15].task_id}
+        assert len(set(dm.extra_batch(3, 1, drawn=[t.task_id for t in dm.train_tasks])["task_id"])) == 2

@@ -46,3 +46,26 @@ def test_a_baseline_run_without_a_start_eval_is_refused(tmp_path):
         learning_mbpp.baseline_eval(tmp_path)
     (tmp_path / "eval" / "step_0.json").write_text(json.dumps({"problems": []}))
     assert learning_mbpp.baseline_eval(tmp_path).name == "step_0.json"
+
+
+def test_humaneval_before_and_after_are_compared_beside_mbpp(tmp_path):
+    """A run's ``humaneval/`` test verdicts against the base model's: flips each way and McNemar p."""
+    def write(path, passed):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"problems": [{"task_id": f"HumanEval/{t}", "passed": t in passed}
+                                                 for t in range(6)]}))
+
+    run = tmp_path / "recipe-seed0"
+    write(run / "runs/x/version_0/eval/step_0.json", set())
+    write(run / "runs/x/version_0/eval/step_60.json", set())
+    write(tmp_path / "humaneval-base/x/version_0/eval/test_step_0.json", {0, 1})
+    write(run / "humaneval/x/version_0/eval/test_step_0.json", {1, 2, 3, 4, 5})
+    base = learning_mbpp.humaneval_file(tmp_path / "humaneval-base")
+    [row] = learning_mbpp.summarize([(0, run)], baseline=None, humaneval_baseline=base)
+    held_out = row["humaneval"]
+    assert (held_out["passed_before"], held_out["passed_after"]) == (2, 5)
+    assert (held_out["lost"], held_out["gained"]) == (["HumanEval/0"], ["HumanEval/2", "HumanEval/3", "HumanEval/4",
+                                                                       "HumanEval/5"])
+    assert held_out["mcnemar_p"] == pytest.approx(2 * (1 + 5) / 32)  # 2 P(X <= 1), X ~ Bin(5, 1/2)
+    with pytest.raises(FileNotFoundError, match="no eval/test_step"):
+        learning_mbpp.humaneval_file(tmp_path / "nothing")

@@ -140,6 +140,45 @@ def test_fit_leaves_a_run_directory_with_conversations(tmp_path, capsys):
             "0 (0.0%)\n  Steps completed: 2") in out
 
 
+def test_fit_with_challenge_hidden_tests_on_the_train_split_refuses_in_one_line(tmp_path):
+    """No train task has challenge tests: the run stops at setup with one line, before any step."""
+    from rlcode.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(REPO / "configs/multistep_mbpp.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+              "--run.root_dir", str(tmp_path), "--model.mode.hidden_tests", "challenge", "--eval.at_start", "false"])
+    message = str(stop.value.code)
+    assert message.startswith("rlcode: model.mode.init_args.hidden_tests: challenge, but 374 of the 374 train tasks "
+                              "have no challenge_test_list asserts") and "use hidden_tests: held_out" in message
+    assert "\n" not in message
+
+
+def test_the_curriculum_hears_each_problems_share_of_solved_episodes(tmp_path):
+    """Multi-step feeds the curriculum its episodes' successes per problem (2 problems x 4 episodes)."""
+    from rlcode.cli import main
+    from rlcode.data.datamodule import MBPPDataModule
+
+    fed = []
+    original = MBPPDataModule.record_outcomes
+
+    def record_outcomes(self, draw, task_ids, shares):
+        fed.append((draw, list(task_ids), list(shares)))
+        return original(self, draw, task_ids, shares)
+
+    MBPPDataModule.record_outcomes = record_outcomes
+    try:
+        main(["fit", "--config", str(REPO / "configs/multistep_mbpp.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+              "--run.root_dir", str(tmp_path), "--eval.at_start", "false", "--eval.at_end", "false"])
+    finally:
+        MBPPDataModule.record_outcomes = original
+    assert [draw for draw, _, _ in fed] == [0, 1] and all(len(ids) == 2 for _, ids, _ in fed)
+    assert all(share == 0.0 for _, _, shares in fed for share in shares), "the random model solves nothing"
+    with (next(tmp_path.glob("tiny/version_*")) / "metrics.csv").open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("curriculum/unseen")]
+    assert [float(r["curriculum/unseen"]) for r in rows] == [374.0, 372.0], "pools of each step's draw"
+    assert [float(r["curriculum/too_hard"]) for r in rows] == [0.0, 2.0]
+
+
 SECOND_CALL_DIES = {
     "exit": "raise SystemExit(1)",
     "os._exit": "import os; os._exit(3)",

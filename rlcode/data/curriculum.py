@@ -92,18 +92,20 @@ class Curriculum:
             pools[self.bucket(problem, step)].append(problem)
         return pools
 
-    def draw(self, step: int, n: int, salt: str = "") -> list[int]:
-        """``n`` distinct problems for ``step`` (the same on every rank: seeded by (seed, step, salt))."""
+    def draw(self, step: int, n: int, salt: str = "", avoid: frozenset[int] = frozenset()) -> list[int]:
+        """``n`` distinct problems for ``step`` (the same on every rank: seeded by (seed, step, salt)),
+        taking problems in ``avoid`` (already drawn this step) only when nothing else is left."""
         if n > self.num_problems:
             raise ValueError(f"a step of {n} prompts needs at least {n} training problems, got {self.num_problems}")
         rng = random.Random(f"curriculum-{self.seed}-{step}{salt}")
         pools = self.pools(step)
-        explore = pools["unseen"] + pools["stale"]
-        learnable = pools["learnable"]
+        explore = [p for p in pools["unseen"] + pools["stale"] if p not in avoid]
+        learnable = [p for p in pools["learnable"] if p not in avoid]
         wanted_explore = round(self.settings.explore_share * n)
         chosen = _sample(rng, explore, min(wanted_explore, len(explore)))
         chosen += _sample(rng, learnable, min(n - len(chosen), len(learnable)))
-        for pool in (explore, range(self.num_problems)):  # short: more exploration, then anything
+        rest = [p for p in range(self.num_problems) if p not in avoid]
+        for pool in (explore, rest, range(self.num_problems)):  # short: more exploration, then anything
             left = [p for p in pool if p not in set(chosen)]
             chosen += _sample(rng, left, min(n - len(chosen), len(left)))
         return chosen

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
@@ -206,15 +206,20 @@ class MBPPDataModule(L.LightningDataModule):
             self.position = {"epoch": epoch, "batch": index + 1}
         return batch
 
-    def extra_batch(self, draw: int, round_: int) -> PromptBatch:
-        """More prompts for the step that took batch ``draw`` (dynamic sampling's round ``round_``):
-        a function of (seed, draw, round, rank), so a resumed run draws the same; the curriculum's
-        rule when there is one, else uniform. The stream's position does not move."""
+    def extra_batch(self, draw: int, round_: int, epoch: int = 0, drawn: Collection[Any] = ()) -> PromptBatch:
+        """More prompts for the step that took batch ``draw`` of ``epoch`` (dynamic sampling's round
+        ``round_``): a function of (seed, epoch, draw, round, rank, ``drawn``), so a resumed run draws
+        the same; the curriculum's rule when there is one, else uniform. ``drawn``: task ids this step
+        already generated for, left out while others remain (their groups were just scored under the
+        same estimates). The stream's position does not move."""
         n, salt = self.prompts_per_step, f"-extra-{round_}-{self.rank}"
+        avoid = frozenset(i for i, task in enumerate(self.train_tasks) if task.task_id in set(drawn))
         if self.curriculum is not None:
-            problems = self.curriculum.draw(draw, n, salt=salt)
-        else:
-            problems = random.Random(f"{self.seed}-{draw}{salt}").sample(range(len(self.train_tasks)), n)
+            problems = self.curriculum.draw(draw, n, salt=salt, avoid=avoid)
+        else:  # the epoch too: batch indices start again at 0 each epoch
+            rest = [i for i in range(len(self.train_tasks)) if i not in avoid]
+            pool = rest if len(rest) >= n else range(len(self.train_tasks))
+            problems = random.Random(f"{self.seed}-{epoch}-{draw}{salt}").sample(pool, n)
         batch = self.make_batch([self.train_tasks[i] for i in problems], 0, draw)
         del batch["position"]
         return batch

@@ -6,13 +6,16 @@ next user turn. An episode's return is its final attempt's tests (binary or frac
 discounted per extra attempt, optionally with hidden tests); advantages are group-relative over the
 G episodes of the same problem (``GroupRelative``), and every turn of an episode shares its
 advantage (as in ART). Only the model's own answers are trained, in the context of the whole
-conversation it saw. ``rlcode validate`` / ``test``: the greedy single-answer pass rate, as GRPO's.
+conversation it saw. With a curriculum (``data.curriculum``) each problem's share of solved episodes
+feeds it. ``rlcode validate`` / ``test``: the greedy single-answer pass rate, as GRPO's.
 """
 
 from __future__ import annotations
 
 from rlcode.algorithms.advantages import RewardScaling
-from rlcode.envs.mbpp_feedback import HiddenTests, MBPPFeedbackEnv, RewardKind
+from rlcode.envs.mbpp_feedback import HiddenTests, MBPPFeedbackEnv, RewardKind, require_challenge_tests
+from rlcode.errors import SettingError
+from rlcode.modes.curriculum_feed import curriculum_draw, curriculum_of, feed, pool_metrics
 from rlcode.modes.grpo import check_groups, check_mbpp_data
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import play_episodes
@@ -48,9 +51,16 @@ class MultiStepMBPP(Mode):
         self.estimator = GroupRelative(num_generations, scale_rewards)
         self.evaluation = MBPPPassRate(reward_timeout)
         self._sandbox = None
+        self._metrics: dict[str, float] = {}
 
     def check_data(self, datamodule) -> None:
         check_mbpp_data(self, datamodule)
+        train_tasks = getattr(datamodule, "train_tasks", None)  # loaded for fit only (evaluation shows every test)
+        if self.hidden_tests == "challenge" and train_tasks:
+            try:
+                require_challenge_tests(train_tasks, getattr(datamodule, "train_split", "train"))
+            except ValueError as error:  # one line from `rlcode fit`, no traceback
+                raise SettingError(f"model.mode.init_args.{error}") from None
 
     def setup(self, learner: LearnerView, stage: str) -> None:
         if stage == "fit" and self._sandbox is None:
@@ -73,11 +83,16 @@ class MultiStepMBPP(Mode):
             attempt_discount=self.attempt_discount, hidden_tests=self.hidden_tests, timeout=self.reward_timeout,
             tags={"step": str(learner.global_step), "task": str(task_id)})
             for i, task_id in enumerate(batch["task_id"]) for _ in range(self.num_generations)]
+        self._metrics = pool_metrics(learner, batch)
         episodes, _ = play_episodes(learner, envs, list(range(len(envs))), [(0,)] * len(envs))
+        if curriculum_of(learner) is not None:  # the episodes are scored already: no wait is added
+            group = self.num_generations
+            shares = [sum(bool(e.success) for e in episodes[i * group:(i + 1) * group]) / group for i in range(count)]
+            feed(learner, curriculum_draw(batch), list(batch["task_id"]), shares, capacity=count)
         return EpisodeTurns.from_episodes(episodes, learner.pad_token_id(), learner.device)
 
     def step_metrics(self, experience: EpisodeTurns) -> dict[str, float]:
-        return attempt_metrics(experience.episodes, self.max_attempts)
+        return {**attempt_metrics(experience.episodes, self.max_attempts), **self._metrics}
 
     def validation_step(self, learner, batch, batch_idx):
         return self.evaluation.step(learner, batch, batch_idx, testing=False)
