@@ -74,7 +74,7 @@ def heldout_cases(tokenizer, tasks: int, asserts: int) -> list[dict]:
             for c, check in zip(cases, checks) if check.valid]
 
 
-def predictions_right(model, tokenizer, programs: list[str], expected: list[str], batch: int = 8) -> list[bool]:
+def predictions_right(model, tokenizer, programs: list[str], expected: list[str], batch: int = 16) -> list[bool]:
     """Greedy predictions with the game's predictor prompt, compared as the game compares them."""
     backend = HFGenerateBackend(model, tokenizer)
     params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, stop=STOP)
