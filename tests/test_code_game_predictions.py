@@ -69,8 +69,9 @@ class ScriptedLearner:
 
     device, tokenizer, global_step = torch.device("cpu"), None, 0
 
-    def __init__(self, pool, writers: list[str], answers: list[str]) -> None:
+    def __init__(self, pool, writers: list[str], answers: list[str], max_new_tokens: int = 64) -> None:
         self.pool, self.writers, self.answers = pool, list(writers), list(answers)
+        self.max_new_tokens, self.policy = max_new_tokens, None
 
     def render(self, messages):
         return messages[-1]["content"]
@@ -83,7 +84,7 @@ class ScriptedLearner:
         return generate
 
     def sampling_params(self, seed, temperature=None, max_new_tokens=None):
-        return SamplingParams(max_new_tokens=64)
+        return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens)
 
     def sampling_seed(self):
         return 0
@@ -121,6 +122,37 @@ def test_advantages_group_the_prompts_predictions(pool):
         "code_game/valid_program_rate": 1.0, "code_game/correct_prediction_rate": 0.75,
         "code_game/learnable_program_rate": 0.5, "code_game/writer_mean_return": 0.25,
         "code_game/mean_output_chars": 1.0})
+
+
+@pytest.mark.parametrize("opponent, tokenizer", [("self", "the policy's"), ("frozen", "the policy's"),
+                                                ("served", None)])
+def test_the_predictors_tokenizer_and_budget_reach_the_rule(pool, monkeypatch, opponent, tokenizer):
+    """The policy's tokenizer when the policy or its frozen copy predicts, none (a byte bound) for a
+    served model; the budget is the policy's max_new_tokens, which a served predictor samples with too."""
+    import rlcode.modes.code_game as mode_module
+
+    class Played(Exception):
+        pass
+
+    def play(learner, envs, *args):
+        raise Played(envs)
+
+    monkeypatch.setattr(mode_module, "play_episodes", play)
+    server = {"base_url": "http://127.0.0.1:9/v1", "model": "predictor", "api": "chat"}
+    mode = CodeGame(opponent=opponent, opponent_server=server if opponent == "served" else None, num_generations=2)
+    learner = ScriptedLearner(pool, [], [], max_new_tokens=48)
+    learner.tokenizer = object()  # stands for the policy's tokenizer: only its identity is checked
+    mode._sandbox = pool
+    with pytest.raises(Played) as played:
+        mode.collect(learner, {"text": ["numbers"]})
+    envs = played.value.args[0]
+    assert len(envs) == 2 and all(env.max_output_tokens == 48 for env in envs)
+    assert all(env.tokenizer is (learner.tokenizer if tokenizer else None) for env in envs)
+
+
+def test_a_budget_without_room_for_an_output_stops_the_run_at_startup(pool):
+    with pytest.raises(ValueError, match="leaves no room for an output"):
+        CodeGame().configure(ScriptedLearner(pool, [], [], max_new_tokens=1))
 
 
 def test_fit_with_learnability_and_two_predictions(tmp_path):
