@@ -70,6 +70,20 @@ def game_episodes(rank: int) -> EpisodeTurns:
     return _turns(episodes)
 
 
+def game_k_episodes(rank: int) -> EpisodeTurns:
+    """The code game with K = 2 predictions per program: each prediction turn carries its own return
+    (1 right, 0 wrong), the writer's is over both; invalid programs have no prediction turns."""
+    episodes = []
+    for i in range(2 * GROUP):
+        valid = (i + rank) % 3 != 0
+        verdicts = [(i + rank) % 2 == 0, (2 * i + rank) % 3 == 1] if valid else []
+        predictions = [TurnRecord(player=1, messages=[], text="", info={"return": float(v)}, learner=True)
+                       for v in verdicts]
+        returns = {0: ((5 * i + 3 * rank) % 7) / 8, 1: sum(verdicts) / 2} if valid else {0: -1.0}
+        episodes.append(Episode("game", i, (0, 1), [turn(0)] + predictions, returns))
+    return _turns(episodes)
+
+
 def spiral_episodes(rank: int) -> EpisodeTurns:
     """Two games, seats alternating; returns +-1, 0 or the invalid-move pair (-1.5, 0.5)."""
     episodes = []
@@ -103,10 +117,13 @@ def estimator_of(kind: str, scale: str):
         estimator = RoleBaselineAdvantages(0.95)
         estimator.games = ["TicTacToe-v0", "KuhnPoker-v0"]
         return estimator
+    if kind == "game_k":
+        return GroupRelativePerRole(GROUP, scale, turns_per_seat=(1, 2))
     return (GroupRelativePerRole if kind == "game" else GroupRelative)(GROUP, scale)
 
 
-BUILDERS = {"completions": completion_rewards, "mbpp": mbpp_episodes, "game": game_episodes, "spiral": spiral_episodes}
+BUILDERS = {"completions": completion_rewards, "mbpp": mbpp_episodes, "game": game_episodes,
+            "game_k": game_k_episodes, "spiral": spiral_episodes}
 
 
 def advantages(kind: str, scale: str, ranks: Ranks, rank: int | None = None):
@@ -125,7 +142,7 @@ def advantages(kind: str, scale: str, ranks: Ranks, rank: int | None = None):
 
 
 CASES = [("completions", "group"), ("completions", "batch"), ("completions", "none"), ("mbpp", "group"),
-         ("mbpp", "batch"), ("game", "group"), ("game", "batch"), ("spiral", "group")]
+         ("mbpp", "batch"), ("game", "group"), ("game", "batch"), ("game_k", "group"), ("game_k", "batch"), ("spiral", "group")]
 
 
 def _free_port() -> int:

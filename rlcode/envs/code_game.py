@@ -1,6 +1,8 @@
 """The adversarial code game (``grpo_code_game``): a writer writes a short Python program,
-a predictor reads it and predicts its exact output. Writer +1 when the prediction is wrong and -1 when
-it is right; the predictor the opposite.
+a predictor reads it and predicts its exact output, ``predictions_per_program`` (K) times. What each
+seat earns is ``rlcode.envs.code_game_rewards`` (``writer_reward``: ``zero_sum``, the writer +1 for a
+wrong prediction and -1 for a right one, or ``learnability``, paid for programs the predictor gets
+right sometimes but not always).
 
 The validity rule. Without it the writer wins by printing what nobody can predict, not by writing code
 that is hard to reason about. A program is valid only if
@@ -54,6 +56,7 @@ import secrets
 from dataclasses import dataclass
 
 from rlcode.envs.base import StepResult, Turn
+from rlcode.envs.code_game_rewards import WRITER_REWARDS, WriterReward, prediction_return, writer_return
 from rlcode.envs.pure_source import PURE_MODULES, impurity
 from rlcode.envs.writable_output import (DEFAULT_MAX_OUTPUT_TOKENS, FORMAT_RESERVE_TOKENS, check_budget,
                                          output_budget, output_problem, special_strings, text_problem)
@@ -233,8 +236,9 @@ def extract_prediction(reply: str) -> str:
 
 class CodeGameEnv:
     def __init__(self, pool, *, theme: str, timeout: float = 5.0, invalid_program_penalty: float = -1.0,
-                 tokenizer=None, max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS) -> None:
-        """One game: seat 0 writes, seat 1 predicts.
+                 tokenizer=None, max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+                 writer_reward: WriterReward = "zero_sum", predictions_per_program: int = 1) -> None:
+        """One game: seat 0 writes, seat 1 predicts the program's output ``predictions_per_program`` times.
 
         Args:
             pool: the sandbox pool that runs the writer's program.
@@ -246,16 +250,25 @@ class CodeGameEnv:
                 opponent); None for a served predictor, whose outputs are then bounded in bytes.
             max_output_tokens: the predictor's ``max_new_tokens``: valid outputs fit it with room
                 for the answer format.
+            writer_reward: ``"zero_sum"`` or ``"learnability"`` (``rlcode.envs.code_game_rewards``).
+            predictions_per_program: K, the predictor's turns on each valid program (each sees the
+                same prompt, afresh); each turn's info carries its verdict and its own ``return``,
+                the episode's seat-1 return is their mean, the writer's ``writer_return`` over all K.
         """
         check_budget(max_output_tokens)
+        if writer_reward not in WRITER_REWARDS:
+            raise ValueError(f"unknown writer_reward {writer_reward!r}: use one of {', '.join(WRITER_REWARDS)}")
+        if predictions_per_program < 1:
+            raise ValueError(f"predictions_per_program={predictions_per_program}: give at least 1")
         self.name = "code_game"
         self.pool, self.theme, self.timeout, self.penalty = pool, theme, timeout, invalid_program_penalty
         self.tokenizer, self.max_output_tokens = tokenizer, max_output_tokens
+        self.writer_reward, self.predictions = writer_reward, predictions_per_program
         self._specials = special_strings(tokenizer)
-        self._stage, self._check, self._program = "write", None, None
+        self._stage, self._check, self._program, self._verdicts = "write", None, None, []
 
     def reset(self, seed: int) -> Turn:
-        self._stage, self._check, self._program = "write", None, None
+        self._stage, self._check, self._program, self._verdicts = "write", None, None, []
         return Turn(0, [{"role": "user", "content": WRITER_PROMPT.format(theme=self.theme.strip())}])
 
     def prepare(self, answer: str) -> None:
@@ -271,10 +284,21 @@ class CodeGameEnv:
             check = self._check()
             info = {"role": "writer", "valid": check.valid, "reason": check.reason, "output": check.output}
             if not check.valid:
-                return StepResult(None, {0: self.penalty}, info)
+                return StepResult(None, {0: writer_return(self.writer_reward, None, self.penalty)}, info)
             self._stage, self._output = "predict", check.output
-            return StepResult(Turn(1, [{"role": "user", "content": PREDICTOR_PROMPT.format(program=self._program)}]),
-                              None, info)
+            return StepResult(self._predictor_turn(), None, info)
         correct = extract_prediction(answer) == self._output
-        info = {"role": "predictor", "correct": correct, "success": correct, "expected": self._output}
-        return StepResult(None, {0: -1.0 if correct else 1.0, 1: 1.0 if correct else -1.0}, info)
+        self._verdicts.append(correct)
+        info = {"role": "predictor", "correct": correct, "expected": self._output,
+                "return": prediction_return(self.writer_reward, correct)}
+        if len(self._verdicts) < self.predictions:
+            return StepResult(self._predictor_turn(), None, info)
+        verdicts = self._verdicts
+        # the episode's success: most of its predictions were right (with K = 1: the prediction was)
+        info["success"] = 2 * sum(verdicts) > len(verdicts)
+        own = [prediction_return(self.writer_reward, v) for v in verdicts]
+        return StepResult(None, {0: writer_return(self.writer_reward, verdicts, self.penalty),
+                                 1: sum(own) / len(own)}, info)
+
+    def _predictor_turn(self) -> Turn:
+        return Turn(1, [{"role": "user", "content": PREDICTOR_PROMPT.format(program=self._program)}])

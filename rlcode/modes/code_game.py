@@ -1,13 +1,17 @@
 """The adversarial code game: one policy writes programs and predicts their output.
 
 Each prompt (an MBPP task's text, as a theme) is played as ``num_generations`` games: the policy
-writes a program (seat 0), and the policy, or a configured opponent, predicts its output (seat 1). The
-rules, the validity guard and the comparison are in ``rlcode.envs.code_game``. Advantages are
+writes a program (seat 0), and the policy, or a configured opponent, predicts its output (seat 1)
+``predictions_per_program`` (K) times. The rules, the validity guard and the comparison are in
+``rlcode.envs.code_game``, what each seat earns in ``rlcode.envs.code_game_rewards``. Advantages are
 group-relative per role (``GroupRelativePerRole``): the writer's returns over the G programs of a
-prompt, the predictor's over its G predictions (an invalid program leaves the predictor out). Every
-turn is trained in self-play; with ``opponent: frozen`` (the starting policy) or ``served`` (a model
-behind an OpenAI-compatible server) predicting, only the writer learns.
-``reward/successful_predictions_count`` counts correct predictions in this mode.
+prompt, each prediction's own return over the G x K predictions of the prompt's games (an invalid
+program leaves the predictor out). Every turn is trained in self-play; with ``opponent: frozen``
+(the starting policy) or ``served`` (a model behind an OpenAI-compatible server) predicting, only
+the writer learns. The predictor's output budget is the policy's ``max_new_tokens`` (a served
+predictor samples with it too), counted in the policy's tokens when the policy or its frozen copy
+predicts and in bytes for a served model (whose tokenizer is not known here).
+``reward/successful_predictions_count`` counts games most of whose predictions were right.
 ``rlcode validate`` / ``test``: the greedy MBPP pass rate, as GRPO's.
 """
 
@@ -17,6 +21,9 @@ from typing import Literal
 
 from rlcode.algorithms.advantages import RewardScaling
 from rlcode.envs.code_game import CodeGameEnv
+from rlcode.envs.code_game_rewards import WRITER_REWARDS, WriterReward
+from rlcode.envs.writable_output import check_budget
+from rlcode.errors import SettingError
 from rlcode.modes.grpo import check_groups, check_mbpp_data
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import Opponents, play_episodes
@@ -26,6 +33,11 @@ from rlcode.training.mode import LearnerView, Mode, ModeDescription
 from rlcode.training.run_context import SandboxSettings
 from rlcode.training.turn_samples import EpisodeTurns
 
+REWARD_WORDS = {
+    "zero_sum": "writer_reward zero_sum: the writer 1 - 2 x (share of its {k} predictions right), each prediction "
+                "+1 right / -1 wrong",
+    "learnability": "writer_reward learnability: the writer 1 - success share of its {k} predictions when strictly "
+                    "between 0 and 1, else 0; each prediction 1 right / 0 wrong"}
 EVAL_TIMEOUT = 10.0  # seconds per program in rlcode validate / test (MBPP solutions, not game programs)
 
 
@@ -33,29 +45,47 @@ class CodeGame(Mode):
     def __init__(self, opponent: Literal["self", "frozen", "served"] = "self", invalid_program_penalty: float = -1.0,
                  program_timeout: float = 5.0, opponent_server: OpenAISettings | None = None,
                  num_generations: int = 8, scale_rewards: RewardScaling = "group",
-                 sandbox: SandboxSettings | None = None) -> None:
+                 sandbox: SandboxSettings | None = None, writer_reward: WriterReward = "zero_sum",
+                 predictions_per_program: int = 1) -> None:
         """The writer/predictor game, ``num_generations`` games per prompt.
 
         Args:
             opponent: ``"self"`` (the policy predicts too, both roles trained), ``"frozen"`` (the
                 starting policy predicts) or ``"served"`` (a model behind an OpenAI-compatible server
                 predicts, ``opponent_server``); with a fixed predictor only the writer learns.
-            invalid_program_penalty: the writer's return for a program that is not deterministic
-                and bounded (see ``rlcode.envs.code_game.check_program``).
+            invalid_program_penalty: the writer's return for an invalid program: one whose output is
+                not a function of its source alone or that the predictor cannot write within its
+                ``max_new_tokens`` (the rule: ``rlcode.envs.code_game``, ``check_program``).
             program_timeout: seconds each of the program's two runs may take.
             opponent_server: the served predictor's server and model (``OpenAISettings``, api chat).
             num_generations: G, games per prompt (the group of each role's baseline).
             scale_rewards: divide advantages by the "group" std, the "batch" std (every rank's
                 returns of the role), or "none".
             sandbox: how the sandbox runs the programs (``SandboxSettings``); None: the defaults.
+            writer_reward: ``"zero_sum"`` (the writer +1 per wrong prediction, -1 per right one:
+                the game as first stated, which pays most for programs nobody can predict) or
+                ``"learnability"`` (1 - the predictor's success share when it is strictly between 0
+                and 1, else 0: paid for programs at the edge of the predictor's skill; needs K >= 2).
+            predictions_per_program: K, how many times the predictor answers each valid program
+                (independent samples of the same prompt). More predictions measure a program's
+                difficulty better and give the predictor K rows per game, at K times its generation.
         """
         check_groups(num_generations, scale_rewards)
+        if writer_reward not in WRITER_REWARDS:
+            raise SettingError(f"writer_reward={writer_reward!r} is not one of {', '.join(WRITER_REWARDS)}")
+        if predictions_per_program < 1:
+            raise SettingError(f"predictions_per_program={predictions_per_program}: give at least 1")
+        if writer_reward == "learnability" and predictions_per_program < 2:
+            raise SettingError("writer_reward=learnability never pays with predictions_per_program < 2 (one "
+                               "prediction is all right or all wrong): set predictions_per_program to 2 or more")
+        self.writer_reward, self.predictions_per_program = writer_reward, predictions_per_program
         self.opponent, self.invalid_program_penalty, self.program_timeout = opponent, invalid_program_penalty, \
             program_timeout
         self.opponent_server, self.num_generations, self.scale_rewards = opponent_server, num_generations, \
             scale_rewards
         self.sandbox = sandbox or SandboxSettings()
-        self.estimator = GroupRelativePerRole(num_generations, scale_rewards)
+        self.estimator = GroupRelativePerRole(num_generations, scale_rewards,
+                                              turns_per_seat=(1, predictions_per_program))
         self.opponents = Opponents(opponent, opponent_server)
         self.evaluation = MBPPPassRate(EVAL_TIMEOUT)
         self._sandbox = None
@@ -64,7 +94,17 @@ class CodeGame(Mode):
         check_mbpp_data(self, datamodule)
 
     def configure(self, learner: LearnerView) -> None:
+        check_budget(self._max_output_tokens(learner))  # at startup: a budget too small for any output
         self.opponents.configure(learner)
+
+    def _max_output_tokens(self, learner: LearnerView) -> int:
+        """The predictor's max_new_tokens: the policy's (a served predictor is sampled with it too)."""
+        return learner.sampling_params(None).max_new_tokens
+
+    def _predictor_tokenizer(self, learner: LearnerView):
+        """The policy's tokenizer when the policy or its frozen copy predicts; None (a byte bound) for
+        a served model, whose tokenizer is not known here."""
+        return None if self.opponent == "served" else learner.tokenizer
 
     def setup(self, learner: LearnerView, stage: str) -> None:
         if stage == "fit" and self._sandbox is None:
@@ -78,8 +118,11 @@ class CodeGame(Mode):
 
     def collect(self, learner: LearnerView, batch) -> EpisodeTurns:
         self.setup(learner, "fit")
+        tokenizer, budget = self._predictor_tokenizer(learner), self._max_output_tokens(learner)
         envs = [CodeGameEnv(self._sandbox, theme=text, timeout=self.program_timeout,
-                            invalid_program_penalty=self.invalid_program_penalty)
+                            invalid_program_penalty=self.invalid_program_penalty, tokenizer=tokenizer,
+                            max_output_tokens=budget, writer_reward=self.writer_reward,
+                            predictions_per_program=self.predictions_per_program)
                 for text in batch["text"] for _ in range(self.num_generations)]
         seats = (0, 1) if self.opponents.trains_every_seat else (0,)
         episodes, _ = play_episodes(learner, envs, list(range(len(envs))), [seats] * len(envs), self.opponents)
@@ -96,17 +139,23 @@ class CodeGame(Mode):
 
     def description(self) -> ModeDescription:
         return ModeDescription(
-            rewards=["writer +1 / predictor -1 when the prediction is wrong, the opposite when right"],
+            rewards=[REWARD_WORDS[self.writer_reward].format(k=self.predictions_per_program)],
             group_size=self.num_generations, success_label="predicted",
-            success_meaning="games whose program's output was predicted correctly", opponent=self.opponent)
+            success_meaning="games whose program's output most of its predictions got right", opponent=self.opponent)
 
 
 def game_metrics(episodes) -> dict[str, float]:
-    """Valid programs and correct predictions, as shares of the step's games."""
+    """Valid programs (share of the step's games), correct predictions (share of all predictions),
+    learnable programs (share of valid programs some but not all of whose predictions were right; with
+    K = 1 always 0), and the writer's mean return over every game."""
     count = max(len(episodes), 1)
     valid = [e for e in episodes if e.turns and e.turns[0].info.get("valid")]
-    correct = sum(bool(e.success) for e in valid)
+    verdicts = [[bool(t.info.get("correct")) for t in e.turns[1:]] for e in valid]
+    predictions = sum(len(v) for v in verdicts)
+    learnable = sum(0 < sum(v) < len(v) for v in verdicts)
     return {"code_game/valid_program_rate": len(valid) / count,
-            "code_game/correct_prediction_rate": correct / max(len(valid), 1),
+            "code_game/correct_prediction_rate": sum(sum(v) for v in verdicts) / max(predictions, 1),
+            "code_game/learnable_program_rate": learnable / max(len(valid), 1),
+            "code_game/writer_mean_return": sum(e.returns.get(0, 0.0) for e in episodes) / count,
             "code_game/mean_output_chars": sum(len(e.turns[0].info.get("output") or "") for e in valid)
             / max(len(valid), 1)}

@@ -11,7 +11,9 @@ what it gives on 1 rank on the combined batch:
   G episodes of a problem (``EpisodeTurns``, every turn taking its episode's advantage). With
   ``scale_rewards="batch"`` the std is over every rank's values.
 - ``GroupRelativePerRole``: the same per seat of a two-player episode (the code game's writer and
-  predictor): a seat's returns over the G episodes of a prompt; a seat that did not play gets 0.
+  predictor): a seat's returns over the G episodes of a prompt; a seat that did not play gets 0. A
+  seat that plays up to K turns per episode (the code game's K predictions of one program) is
+  relative over the G x K turns of the prompt, each turn with its own return (``info["return"]``).
 - ``RoleBaselineAdvantages``: SPIRAL's RAE: return minus a per-(game, role) moving average, folded
   over every rank's episodes in rank order, so the baselines are the same everywhere.
 """
@@ -90,17 +92,45 @@ class GroupRelativePerRole(GroupRelative):
 
     seats = (0, 1)
 
+    def __init__(self, group_size: int, scale_rewards: RewardScaling = "group",
+                 turns_per_seat: tuple[int, int] = (1, 1)) -> None:
+        """``turns_per_seat``: the most turns each seat plays in one episode; a seat's group is the
+        ``group_size`` x that many turns of a prompt (turns not played count as absent, NaN)."""
+        super().__init__(group_size, scale_rewards)
+        self.turns_per_seat = tuple(turns_per_seat)
+
     def flat_rows(self, experience, rewards):
         return torch.zeros_like(rewards, dtype=torch.bool)  # groups are per seat: a flat seat shows in its zeros
 
     def advantages(self, ranks, experience, rewards, totals):
         per_seat = {}
-        for seat in self.seats:
-            returns = _episode_values(experience, seat, torch.device("cpu"))
-            batch_std = ranks.std(returns.to(rewards.device)) if self.scale_rewards == "batch" else None
-            per_seat[seat] = self._advantages(returns, batch_std)
-        values = [float(per_seat[experience.episodes[e].turns[t].player][e]) for e, t in experience.rows]
+        for seat, turns in zip(self.seats, self.turns_per_seat):
+            values = _turn_values(experience, seat, turns)
+            batch_std = ranks.std(values.to(rewards.device)) if self.scale_rewards == "batch" else None
+            advantages, _ = group_advantages(values, self.group_size * turns, self.scale_rewards, batch_std=batch_std)
+            per_seat[seat] = advantages.view(-1, turns)  # [E, turns]
+        values = []
+        for e, t in experience.rows:
+            turns = experience.episodes[e].turns
+            player = turns[t].player
+            nth = sum(r.player == player for r in turns[:t]) if per_seat[player].shape[1] > 1 else 0
+            values.append(float(per_seat[player][e, nth]))
         return torch.tensor(values, dtype=torch.float32, device=rewards.device)
+
+
+def _turn_values(experience: EpisodeTurns, seat: int, turns: int) -> Tensor:
+    """[E * turns] the return of each of ``seat``'s turns in each episode, prompt-major (NaN: not
+    played). A turn's return is its ``info["return"]`` when it has one, else its episode's seat return."""
+    if turns == 1:  # one value per episode: the seat's return
+        return _episode_values(experience, seat, torch.device("cpu"))
+    values = []
+    for episode in experience.episodes:
+        own = [r.info.get("return", episode.returns.get(seat, float("nan"))) for r in episode.turns
+               if r.player == seat]
+        if len(own) > turns:
+            raise ValueError(f"seat {seat} played {len(own)} turns in an episode; the estimator expects at most {turns}")
+        values.extend(own + [float("nan")] * (turns - len(own)))
+    return torch.tensor(values, dtype=torch.float32)
 
 
 class RoleBaselineAdvantages(AdvantageEstimator):

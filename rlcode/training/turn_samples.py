@@ -46,8 +46,13 @@ class EpisodeTurns:
         return cls(episodes, rollout, rows)
 
     def returns(self) -> list[float]:
-        """The return of each row's player in its episode."""
-        return [self.episodes[e].returns.get(self.episodes[e].turns[t].player, float("nan")) for e, t in self.rows]
+        """The return of each row's player in its episode, or the turn's own ``info["return"]`` when it
+        has one (the code game's K predictions of one program each earn their own)."""
+        return [self._turn_return(*row) for row in self.rows]
+
+    def _turn_return(self, e: int, t: int) -> float:
+        turn = self.episodes[e].turns[t]
+        return float(turn.info.get("return", self.episodes[e].returns.get(turn.player, float("nan"))))
 
     def rewards(self, device) -> Tensor:
         return torch.tensor(self.returns(), dtype=torch.float32, device=device)
