@@ -101,7 +101,6 @@ def test_advantages_group_the_prompts_predictions(pool):
     twice. The writer's group is its 2 returns (0.5, 0), the predictions' group all 4 own returns."""
     mode = CodeGame(writer_reward="learnability", predictions_per_program=2, num_generations=2, program_timeout=2.0)
     learner = ScriptedLearner(pool, ["```python\nprint(1)\n```", "```python\nprint(2)\n```"], ["1", "2", "0", "2"])  # by round
-    mode._sandbox = pool  # the module's pool (teardown would close it)
     mode.configure(learner)
     experience = mode.collect(learner, {"text": ["numbers"]})
     rewards = experience.rewards("cpu")
@@ -142,7 +141,6 @@ def test_the_predictors_tokenizer_and_budget_reach_the_rule(pool, monkeypatch, o
     mode = CodeGame(opponent=opponent, opponent_server=server if opponent == "served" else None, num_generations=2)
     learner = ScriptedLearner(pool, [], [], max_new_tokens=48)
     learner.tokenizer = object()  # stands for the policy's tokenizer: only its identity is checked
-    mode._sandbox = pool
     with pytest.raises(Played) as played:
         mode.collect(learner, {"text": ["numbers"]})
     envs = played.value.args[0]

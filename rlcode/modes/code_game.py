@@ -30,6 +30,7 @@ from rlcode.modes.opponents import Opponents, play_episodes
 from rlcode.rollout.openai.client import OpenAISettings
 from rlcode.training.advantage_estimators import GroupRelativePerRole
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
+from rlcode.modes.lazy_pool import LazyPool
 from rlcode.training.run_context import SandboxSettings
 from rlcode.training.turn_samples import EpisodeTurns
 
@@ -88,7 +89,7 @@ class CodeGame(Mode):
                                               turns_per_seat=(1, predictions_per_program))
         self.opponents = Opponents(opponent, opponent_server)
         self.evaluation = MBPPPassRate(EVAL_TIMEOUT)
-        self._sandbox = None
+        self._sandbox = LazyPool(2 * program_timeout + 5)  # each check runs the program twice
 
     def check_data(self, datamodule) -> None:
         check_mbpp_data(self, datamodule)
@@ -107,19 +108,17 @@ class CodeGame(Mode):
         return None if self.opponent == "served" else learner.tokenizer
 
     def setup(self, learner: LearnerView, stage: str) -> None:
-        if stage == "fit" and self._sandbox is None:
-            self._sandbox = learner.sandbox_pool(2 * self.program_timeout + 5)
+        if stage == "fit":
+            self._sandbox.get(learner)
 
     def teardown(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+        self._sandbox.close()
         self.evaluation.close()
 
     def collect(self, learner: LearnerView, batch) -> EpisodeTurns:
-        self.setup(learner, "fit")
+        pool = self._sandbox.get(learner)
         tokenizer, budget = self._predictor_tokenizer(learner), self._max_output_tokens(learner)
-        envs = [CodeGameEnv(self._sandbox, theme=text, timeout=self.program_timeout,
+        envs = [CodeGameEnv(pool, theme=text, timeout=self.program_timeout,
                             invalid_program_penalty=self.invalid_program_penalty, tokenizer=tokenizer,
                             max_output_tokens=budget, writer_reward=self.writer_reward,
                             predictions_per_program=self.predictions_per_program)

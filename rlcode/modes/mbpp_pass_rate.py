@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES, score_batch
 from rlcode.eval.progress import EvalProgress, problems_in_eval_loop
+from rlcode.modes.lazy_pool import LazyPool
 
 if TYPE_CHECKING:
     from rlcode.training.mode import LearnerView
@@ -19,25 +20,21 @@ class MBPPPassRate:
     def __init__(self, timeout: float) -> None:
         """``timeout``: seconds each program may run in the sandbox."""
         self.timeout = timeout
-        self._pool = None
+        self._pool = LazyPool(timeout)
         self._progress = None
 
     def step(self, learner: LearnerView, batch, batch_idx: int, testing: bool):
         benchmark = getattr(learner.datamodule(), "eval_benchmark", "mbpp")  # passed on through the DataModule
         prefix = f"{benchmark}_{'test' if testing else 'eval'}"
-        if self._pool is None:
-            self._pool = learner.sandbox_pool(self.timeout)
         if batch_idx == 0:  # a new validate / test loop: count its problems from zero
             name = BENCHMARK_NAMES[benchmark]
             self._progress = EvalProgress(f"{name} test" if testing else f"{name} validate",
                                           problems_in_eval_loop(learner.trainer, testing))
-        report = score_batch(learner, batch, self._pool, split=prefix, progress=self._progress, timeout=self.timeout)
+        report = score_batch(learner, batch, self._pool.get(learner), split=prefix, progress=self._progress, timeout=self.timeout)
         count = len(report.problems)
         learner.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         learner.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)
         return report
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._pool.close()

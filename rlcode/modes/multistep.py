@@ -21,6 +21,7 @@ from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import play_episodes
 from rlcode.training.advantage_estimators import GroupRelative
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
+from rlcode.modes.lazy_pool import LazyPool
 from rlcode.training.run_context import SandboxSettings
 from rlcode.training.turn_samples import EpisodeTurns
 
@@ -50,7 +51,7 @@ class MultiStepMBPP(Mode):
         self.reward_timeout, self.sandbox = reward_timeout, sandbox or SandboxSettings()
         self.estimator = GroupRelative(num_generations, scale_rewards)
         self.evaluation = MBPPPassRate(reward_timeout)
-        self._sandbox = None
+        self._sandbox = LazyPool(reward_timeout)
         self._metrics: dict[str, float] = {}
 
     def check_data(self, datamodule) -> None:
@@ -63,21 +64,19 @@ class MultiStepMBPP(Mode):
                 raise SettingError(f"model.mode.init_args.{error}") from None
 
     def setup(self, learner: LearnerView, stage: str) -> None:
-        if stage == "fit" and self._sandbox is None:
-            self._sandbox = learner.sandbox_pool(self.reward_timeout)
+        if stage == "fit":
+            self._sandbox.get(learner)
 
     def teardown(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+        self._sandbox.close()
         self.evaluation.close()
 
     def collect(self, learner: LearnerView, batch) -> EpisodeTurns:
-        self.setup(learner, "fit")
+        pool = self._sandbox.get(learner)
         count = len(batch["task_id"])
         challenges = batch.get("challenge_test_list") or [None] * count
         envs = [MBPPFeedbackEnv(
-            self._sandbox, task_id=task_id, text=batch["text"][i], tests=batch["test_list"][i],
+            pool, task_id=task_id, text=batch["text"][i], tests=batch["test_list"][i],
             setup=batch["test_setup_code"][i] or "", entry_point=batch["entry_point"][i],
             challenge_tests=challenges[i], max_attempts=self.max_attempts, reward=self.reward_kind,
             attempt_discount=self.attempt_discount, hidden_tests=self.hidden_tests, timeout=self.reward_timeout,
