@@ -39,7 +39,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
-from rlcode import cli_errors, cli_help, cli_old_form  # noqa: E402
+from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.learner import Learner  # noqa: E402
@@ -158,7 +158,7 @@ class RLCodeCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
-        cli_errors.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
+        cli_prechecks.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
         load_checkpoints_weights_only(config)
         if config["run"].get("cpu_threads"):
             import torch

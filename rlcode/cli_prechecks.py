@@ -1,0 +1,62 @@
+"""Settings that would fail only after the trainer started (and printed its lines), checked before
+anything is built: the checkpoint to start from, the model, the reward names. Each failure is a
+``UserError`` of ``rlcode.cli_errors``: one line of what and where, one of the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlcode.cli_errors import UserError, did_you_mean
+from rlcode.models.aliases import MODEL_ALIASES
+from rlcode.rewards.factory import check_reward_names
+
+
+def check_before_building(config) -> None:
+    """Settings that would fail only after the trainer started (and printed its lines), checked first:
+    the checkpoint to start from, the model, the reward names."""
+    check_ckpt_path(config.get("ckpt_path"), config["run"])
+    model = config.get("model") or {}
+    settings = model.get("init_args", model)
+    if settings.get("model_name"):
+        check_model_name(settings["model_name"], settings.get("rollout_backend"))
+    mode = settings.get("mode") or {}
+    if (mode.get("init_args") or {}).get("rewards"):
+        check_reward_names(mode["init_args"]["rewards"])
+
+
+def check_ckpt_path(ckpt_path: str | None, run) -> None:
+    """A ``--ckpt_path`` file that does not exist, said before the trainer starts (not a Lightning traceback)."""
+    special = str(ckpt_path) in ("best", "last", "hpc") or str(ckpt_path).startswith("registry")
+    if not ckpt_path or special or "://" in str(ckpt_path):  # Lightning's keywords, remote files
+        return
+    path = Path(ckpt_path)
+    if path.is_file():
+        return
+    folder = Path(run["root_dir"]) / run["experiment"]
+    found = sorted(folder.glob("version_*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
+    hint = f"the newest checkpoint there is {found[-1]}" if found else f"no checkpoint under {folder} yet"
+    raise UserError(f"--ckpt_path {ckpt_path}: no such file\n"
+                    f"  Use --ckpt_path last to resume the newest run of {folder} ({hint})")
+
+
+def check_model_name(name: str, backend: str | None) -> None:
+    """A model that can only fail to load, said before the trainer starts: not a short name, not a folder,
+    not in the Hugging Face cache, and the Hub offline. (Online, transformers decides.)"""
+    if backend == "openai" or name in MODEL_ALIASES or Path(name).is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on") or _cached(name):
+        return
+    raise UserError(f"model.model_name {name!r}: not a short name, a local folder or a cached Hub model, and the "
+                    f"Hub is offline\n  {did_you_mean(name, MODEL_ALIASES)}Short names: {', '.join(MODEL_ALIASES)}; "
+                    "or a local folder, or run once online to cache a Hub id")
+
+
+def _cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # not a valid repo id: transformers will say why
+        return True
