@@ -9,7 +9,9 @@ import pytest
 from rlcode.data.curriculum import Curriculum, CurriculumSettings
 from rlcode.modes.curriculum_feed import FeedOnResult, feed, pool_metrics
 from rlcode.modes.grpo import extra_round_seed
+from rlcode.rewards.mixture import RewardOutcome
 from rlcode.training.all_ranks_totals import Ranks
+from rlcode.training.experience import CompletionGroups
 
 
 class _Job:
@@ -23,11 +25,13 @@ class _Job:
 
 def test_the_job_is_asked_once_and_the_feed_runs_once():
     fed, job = [], _Job()
-    wrapped = FeedOnResult(job, None, fed.append)
+    wrapped = FeedOnResult(job, fed.append)
     assert [wrapped.result(), wrapped.result()] == ["outcome 1", "outcome 1"]
     assert job.asked == 1 and fed == ["outcome 1"]
-    known = FeedOnResult(job, "awaited already", fed.append)  # dynamic sampling awaited it
-    assert known.result() == "awaited already" and job.asked == 1 and fed[-1] == "awaited already"
+    # An outcome dynamic sampling awaited already is not asked of the job again.
+    known = RewardOutcome([1.0, 0.0], {"r": [1.0, 0.0]}, ["", ""])
+    groups = CompletionGroups(None, ["p"], [1], 2, job, known)
+    assert groups.rewards("cpu").tolist() == [1.0, 0.0] and job.asked == 1 and groups.outcome is known
 
 
 class _DataModule:

@@ -55,12 +55,11 @@ class FeedOnResult:
     """A reward job that, once its outcome is known, feeds the curriculum (``on_outcome``) exactly once.
 
     It sits where the Learner already waits for the rewards (after the reference log-probs), so the
-    curriculum adds no wait of its own. An outcome already known (dynamic sampling awaited it) is
-    returned as is: a reward job is not asked twice.
+    curriculum adds no wait of its own.
     """
 
-    def __init__(self, job, known, on_outcome) -> None:
-        self.job, self.outcome, self.on_outcome, self.fed = job, known, on_outcome, False
+    def __init__(self, job, on_outcome) -> None:
+        self.job, self.outcome, self.on_outcome, self.fed = job, None, on_outcome, False
 
     def result(self):
         if self.outcome is None:

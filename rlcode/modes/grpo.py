@@ -118,10 +118,13 @@ class GRPO(Mode):
 
             groups = with_signal(first, more, self.dynamic_sampling, learner.pad_token_id())
         if curriculum_of(learner) is not None:
-            groups.job = FeedOnResult(groups.job, groups.outcome,
-                                      lambda outcome: self._feed(learner, curriculum_draw(batch), rounds, groups, outcome))
-        elif groups.outcome is not None:  # awaited by dynamic sampling: the Learner gets that outcome back
-            groups.job = FeedOnResult(groups.job, groups.outcome, lambda outcome: None)
+            def on_outcome(outcome) -> None:
+                self._feed(learner, curriculum_draw(batch), rounds, groups, outcome)
+
+            if groups.outcome is not None:  # awaited by dynamic sampling: nothing left to overlap
+                on_outcome(groups.outcome)
+            else:
+                groups.job = FeedOnResult(groups.job, on_outcome)
         return groups
 
     def _groups(self, learner: LearnerView, batch, seed: int) -> CompletionGroups:

@@ -56,7 +56,8 @@ class CompletionGroups:
     outcome: RewardOutcome | None = None
 
     def rewards(self, device) -> Tensor:
-        self.outcome = self.job.result()
+        if self.outcome is None:  # known already when dynamic sampling awaited it: a job is asked once
+            self.outcome = self.job.result()
         return torch.tensor(self.outcome.total, dtype=torch.float32, device=device)
 
     def record(self, *, step, advantages, updated, loss, totals, frac_zero_std, timings, extra_metrics) -> StepRecord:
