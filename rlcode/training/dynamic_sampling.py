@@ -99,14 +99,4 @@ def _combine(rounds: list[CompletionGroups], kept: list[tuple[int, int]], group:
         metrics={**outcomes[0].metrics, **metrics},
         seconds=sum(o.seconds for o in outcomes if not math.isnan(o.seconds)))
     return CompletionGroups(rollout, [rounds[r].prompts[g] for r, g in kept], [rounds[r].task_ids[g] for r, g in kept],
-                            group, _Finished(outcome), outcome)
-
-
-class _Finished:
-    """A reward job whose outcome is known: the combined groups' rewards were all awaited already."""
-
-    def __init__(self, outcome: RewardOutcome) -> None:
-        self.outcome = outcome
-
-    def result(self) -> RewardOutcome:
-        return self.outcome
+                            group, None, outcome)  # every round awaited: no job left

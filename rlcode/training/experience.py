@@ -52,7 +52,8 @@ class CompletionGroups:
     prompts: list[str]
     task_ids: list[Any]
     group_size: int
-    job: MixtureJob
+    job: MixtureJob | None
+    """The rewards being computed (None: ``outcome`` was known when the groups were made)."""
     outcome: RewardOutcome | None = None
 
     def rewards(self, device) -> Tensor:
