@@ -14,8 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it is applied on top of
             "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
-            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_signal_lora.yaml": ["learn_mbpp_cpu_signal.yaml"]}
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
