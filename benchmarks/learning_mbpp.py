@@ -178,7 +178,7 @@ def main() -> None:
         baseline = baseline or next((files[0] for _, run in runs if 0 in (files := eval_files(run))), None)
         base_dirs = [run.parent / "humaneval-base" for _, run in runs if (run.parent / "humaneval-base").is_dir()]
         humaneval_baseline = humaneval_baseline or (humaneval_file(base_dirs[0]) if base_dirs else None)
-        rows = summarize(runs, baseline, humaneval_baseline)
+        rows = summarize(runs, baseline, humaneval_baseline if args.humaneval else None)
     else:
         root = args.root or Path(tempfile.mkdtemp(prefix="learning-mbpp-"))
         if args.humaneval and humaneval_baseline is None:  # greedy: the same for every seed

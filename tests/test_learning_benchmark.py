@@ -69,3 +69,21 @@ def test_humaneval_before_and_after_are_compared_beside_mbpp(tmp_path):
     assert held_out["mcnemar_p"] == pytest.approx(2 * (1 + 5) / 32)  # 2 P(X <= 1), X ~ Bin(5, 1/2)
     with pytest.raises(FileNotFoundError, match="no eval/test_step"):
         learning_mbpp.humaneval_file(tmp_path / "nothing")
+
+
+def test_summarizing_finished_runs_with_no_humaneval_skips_an_unfinished_humaneval(tmp_path, monkeypatch, capsys):
+    """``--from-runs ... --no-humaneval`` reports MBPP alone, even when a run's HumanEval scoring never
+    wrote its verdicts (it was stopped, or still running)."""
+    def write(path, passed):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"problems": [{"task_id": t, "passed": t in passed} for t in range(4)]}))
+
+    run = tmp_path / "recipe-seed0"
+    write(run / "x/version_0/eval/step_0.json", {0})
+    write(run / "x/version_0/eval/step_60.json", {0, 1})
+    write(tmp_path / "humaneval-base/x/version_0/eval/test_step_0.json", {0})  # the base model was scored
+    (run / "humaneval").mkdir()  # this run's scoring started, no verdicts yet
+    monkeypatch.setattr("sys.argv", ["learning_mbpp.py", "--from-runs", str(run), "--no-humaneval"])
+    learning_mbpp.main()
+    [row] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+    assert (row["passed_before"], row["passed_after"], "humaneval" in row) == (1, 2, False)
