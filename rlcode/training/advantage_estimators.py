@@ -27,7 +27,7 @@ import torch
 
 from rlcode.algorithms.advantages import RewardScaling, group_advantages, zero_std_group_mask
 from rlcode.algorithms.role_baselines import RoleBaselines
-from rlcode.training.turn_samples import EpisodeTurns
+from rlcode.training.turn_samples import EpisodeTurns, turn_return
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -120,13 +120,12 @@ class GroupRelativePerRole(GroupRelative):
 
 def _turn_values(experience: EpisodeTurns, seat: int, turns: int) -> Tensor:
     """[E * turns] the return of each of ``seat``'s turns in each episode, prompt-major (NaN: not
-    played). A turn's return is its ``info["return"]`` when it has one, else its episode's seat return."""
+    played), each ``turn_return``."""
     if turns == 1:  # one value per episode: the seat's return
         return _episode_values(experience, seat, torch.device("cpu"))
     values = []
     for episode in experience.episodes:
-        own = [r.info.get("return", episode.returns.get(seat, float("nan"))) for r in episode.turns
-               if r.player == seat]
+        own = [turn_return(episode, turn) for turn in episode.turns if turn.player == seat]
         if len(own) > turns:
             raise ValueError(f"seat {seat} played {len(own)} turns in an episode; the estimator expects at most {turns}")
         values.extend(own + [float("nan")] * (turns - len(own)))

@@ -19,8 +19,14 @@ from rlcode.rollout.assembly import batch_from_token_lists
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from rlcode.envs.runner import Episode
+    from rlcode.envs.runner import Episode, TurnRecord
     from rlcode.rollout.base import RolloutBatch
+
+
+def turn_return(episode: Episode, turn: TurnRecord) -> float:
+    """What one turn earned: its own ``info["return"]`` when it has one (the code game's K predictions
+    of one program each earn their own), else its player's return in the episode (NaN: none)."""
+    return float(turn.info.get("return", episode.returns.get(turn.player, float("nan"))))
 
 
 @dataclass
@@ -46,13 +52,8 @@ class EpisodeTurns:
         return cls(episodes, rollout, rows)
 
     def returns(self) -> list[float]:
-        """The return of each row's player in its episode, or the turn's own ``info["return"]`` when it
-        has one (the code game's K predictions of one program each earn their own)."""
-        return [self._turn_return(*row) for row in self.rows]
-
-    def _turn_return(self, e: int, t: int) -> float:
-        turn = self.episodes[e].turns[t]
-        return float(turn.info.get("return", self.episodes[e].returns.get(turn.player, float("nan"))))
+        """Each row's ``turn_return``."""
+        return [turn_return(self.episodes[e], self.episodes[e].turns[t]) for e, t in self.rows]
 
     def rewards(self, device) -> Tensor:
         return torch.tensor(self.returns(), dtype=torch.float32, device=device)
