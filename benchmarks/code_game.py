@@ -45,6 +45,7 @@ from learning_mbpp import mcnemar_exact  # noqa: E402
 from rlcode.data.mbpp import load_mbpp  # noqa: E402
 from rlcode.data.output_prediction import prediction_cases  # noqa: E402
 from rlcode.envs.code_game import PREDICTOR_PROMPT, extract_prediction, start_check  # noqa: E402
+from rlcode.export import read_checkpoint, restore_module  # noqa: E402
 from rlcode.models import load_model, load_tokenizer  # noqa: E402
 from rlcode.rewards.extraction import extract_code  # noqa: E402
 from rlcode.rollout.base import SamplingParams  # noqa: E402
@@ -88,11 +89,10 @@ def predictions_right(model, tokenizer, programs: list[str], expected: list[str]
 
 
 def model_at(checkpoint: Path | None):
-    model = load_model(MODEL)
-    if checkpoint is not None:  # the Learner's state_dict: the policy's weights under "policy."
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-        model.load_state_dict({k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")})
-    return model.eval()
+    """The starting model, or a code-game run's trained policy (as ``rlcode export`` restores it)."""
+    if checkpoint is None:
+        return load_model(MODEL).eval()
+    return restore_module(read_checkpoint(checkpoint), checkpoint).policy
 
 
 def heldout_verdicts(model, tokenizer, cases: list[dict]) -> dict[str, bool]:
