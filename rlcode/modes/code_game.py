@@ -25,12 +25,12 @@ from rlcode.envs.code_game_rewards import WRITER_REWARDS, WriterReward
 from rlcode.envs.writable_output import check_budget
 from rlcode.errors import SettingError
 from rlcode.modes.grpo import check_groups, check_mbpp_data
+from rlcode.modes.lazy_pool import LazyPool
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import Opponents, play_episodes
 from rlcode.rollout.openai.client import OpenAISettings
 from rlcode.training.advantage_estimators import GroupRelativePerRole
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
-from rlcode.modes.lazy_pool import LazyPool
 from rlcode.training.run_context import SandboxSettings
 from rlcode.training.turn_samples import EpisodeTurns
 

@@ -30,7 +30,8 @@ class MBPPPassRate:
             name = BENCHMARK_NAMES[benchmark]
             self._progress = EvalProgress(f"{name} test" if testing else f"{name} validate",
                                           problems_in_eval_loop(learner.trainer, testing))
-        report = score_batch(learner, batch, self._pool.get(learner), split=prefix, progress=self._progress, timeout=self.timeout)
+        report = score_batch(learner, batch, self._pool.get(learner), split=prefix, progress=self._progress,
+                             timeout=self.timeout)
         count = len(report.problems)
         learner.log(f"{prefix}/pass_rate", report.pass_rate, batch_size=count)  # weighted mean over batches
         learner.log(f"{prefix}/problems_passed", float(report.problems_passed), reduce_fx="sum", batch_size=count)

@@ -17,11 +17,11 @@ from rlcode.envs.mbpp_feedback import HiddenTests, MBPPFeedbackEnv, RewardKind, 
 from rlcode.errors import SettingError
 from rlcode.modes.curriculum_feed import curriculum_draw, curriculum_of, feed, pool_metrics
 from rlcode.modes.grpo import check_groups, check_mbpp_data
+from rlcode.modes.lazy_pool import LazyPool
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import play_episodes
 from rlcode.training.advantage_estimators import GroupRelative
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
-from rlcode.modes.lazy_pool import LazyPool
 from rlcode.training.run_context import SandboxSettings
 from rlcode.training.turn_samples import EpisodeTurns
 
