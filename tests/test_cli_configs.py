@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it is applied on top of
             "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
-            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
+            "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
+            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 

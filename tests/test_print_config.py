@@ -23,7 +23,9 @@ from rlcode.training.learner import Learner
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
-            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"]}
+            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
+            "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
+            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
 # Linked from trainer.precision, so never printed (one precision knob).
 LINKED = {"precision"}
 
