@@ -208,7 +208,7 @@ def _print_config_of_the_mode(parser, words: list[str], subcommand_parsers) -> N
     own = config[subcommand]
     unread = "eval" if own["data"]["class_path"].endswith(".GameDataModule") else "game_eval"
     own.pop(unread, None)
-    sys.stdout.write(subcommand_parsers[subcommand].dump(own, skip_none=False, skip_check=True))
+    sys.stdout.write(subcommand_parsers[subcommand].dump(own, skip_unset=False, skip_validation=True))
     raise SystemExit(0)
 
 
