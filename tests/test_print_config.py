@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
             "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
             "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
+            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
+            "learn_mbpp_cpu_ds.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
 # Linked from trainer.precision, so never printed (one precision knob).
 LINKED = {"precision"}
 
@@ -99,3 +101,15 @@ def test_spiral_has_no_group_size_to_refuse(capsys):
     with pytest.raises(SystemExit, match="num_generations is not a setting of SPIRAL"):
         cli.main(["fit", "--config", str(REPO / "configs/spiral_tictactoe.yaml"),
                   "--model.mode.num_generations", "1", "--print_config"])
+
+
+def test_print_config_warns_of_nothing_deprecated(capsys, monkeypatch):
+    """A user's `--print_config` is a config to copy, not a page of jsonargparse deprecation notices
+    (``dump(skip_check=, skip_none=)`` printed two, renamed ``skip_validation``, ``skip_unset``)."""
+    from jsonargparse._deprecated import JsonargparseDeprecationWarning  # not exported at the top
+
+    monkeypatch.setenv("JSONARGPARSE_DEPRECATION_WARNINGS", "all")  # else each shows once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        printed(capsys, REPO / "configs/quickstart.yaml")
+    assert not [w for w in caught if issubclass(w.category, JsonargparseDeprecationWarning)]
