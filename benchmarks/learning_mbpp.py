@@ -57,6 +57,17 @@ def verdicts(path: Path) -> dict[int, bool]:
     return {problem["task_id"]: bool(problem["passed"]) for problem in report["problems"]}
 
 
+def base_model_verdicts(path: Path) -> Path:
+    """``path``, refused when it names the checkpoint it scored: a trained seed's HumanEval verdicts
+    (``<run>/humaneval/.../test_step_0.json``) have the same file name as the base model's. Verdict files
+    written before rlcode recorded ``ckpt_path`` cannot be told apart and are taken as given."""
+    checkpoint = json.loads(path.read_text()).get("ckpt_path")
+    if checkpoint:
+        raise SystemExit(f"--humaneval-baseline {path} scored the checkpoint {checkpoint}, a trained model: pass "
+                         "the base model's verdicts (<root>/humaneval-base/.../eval/test_step_0.json)")
+    return path
+
+
 def compare(before: dict[int, bool], after: dict[int, bool]) -> dict:
     if before.keys() != after.keys():
         raise ValueError(f"the evals scored different problems ({len(before)} vs {len(after)}): "
@@ -170,7 +181,7 @@ def main() -> None:
     extra = [a for a in args.fit_args if a != "--"]
     recipe = "+".join(config.stem for config in args.config)
     baseline = baseline_eval(args.baseline) if args.baseline else None
-    humaneval_baseline = args.humaneval_baseline
+    humaneval_baseline = args.humaneval_baseline and base_model_verdicts(args.humaneval_baseline)
 
     if args.from_runs:
         recipe = "as each run's name says"

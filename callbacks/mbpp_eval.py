@@ -128,17 +128,21 @@ class MBPPEval(L.Callback):
             self._loop_reports.append(outputs)
 
     def _write_loop_report(self, trainer, split: str, prefix: str) -> None:
-        """The loop's per-problem results in one file, as an eval during fit writes them."""
+        """The loop's per-problem results in one file, as an eval during fit writes them, naming the
+        benchmark and the checkpoint scored (``ckpt_path`` null: the model as configured, no checkpoint),
+        so a trained model's verdicts cannot pass for the base model's."""
         if trainer.state.fn not in ("validate", "test"):
             return  # fit: this callback's own evals write theirs
         problems = [problem for report in _gathered(self._loop_reports) for problem in report.problems]
         self._loop_reports = []
         if not problems or not trainer.is_global_zero:
             return
-        report = EvalReport(trainer.global_step, split, 0.0, sorted(problems, key=lambda p: p.task_id))
+        where = "humaneval" if self.benchmark == "humaneval" else split
+        report = EvalReport(trainer.global_step, where, 0.0, sorted(problems, key=lambda p: p.task_id),
+                            benchmark=self.benchmark)
         path = run_directory(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.as_json(), indent=2))
+        path.write_text(json.dumps({**report.as_json(), "ckpt_path": trainer.ckpt_path}, indent=2))
         rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------

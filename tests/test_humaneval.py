@@ -225,6 +225,9 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
         with next(root.glob("tiny/version_*/metrics.csv")).open() as handle:
             row = next(csv.DictReader(handle))
         prefix = "humaneval_eval" if subcommand == "validate" else "humaneval_test"
+        verdicts = json.loads(next(root.glob("tiny/version_*/eval/*step_0.json")).read_text())
+        assert (verdicts["benchmark"], verdicts["split"], verdicts["ckpt_path"]) == ("humaneval", "humaneval", None)
+        assert [p["passed"] for p in verdicts["problems"]] == [True, True, False]
         assert float(row[f"{prefix}/pass_rate"]) == pytest.approx(2 / 3)
         assert float(row[f"{prefix}/problems_passed"]) == 2.0
         lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  HumanEval {subcommand}:")]

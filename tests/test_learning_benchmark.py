@@ -87,3 +87,14 @@ def test_summarizing_finished_runs_with_no_humaneval_skips_an_unfinished_humanev
     learning_mbpp.main()
     [row] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
     assert (row["passed_before"], row["passed_after"], "humaneval" in row) == (1, 2, False)
+
+
+def test_a_trained_models_humaneval_verdicts_are_refused_as_the_baseline(tmp_path):
+    """Each seed's HumanEval verdicts and the base model's share a file name; the file says which
+    checkpoint it scored, and only the base model's (none) is taken as the baseline."""
+    trained, base = tmp_path / "trained.json", tmp_path / "base.json"
+    trained.write_text(json.dumps({"ckpt_path": "run/checkpoints/last.ckpt", "problems": []}))
+    base.write_text(json.dumps({"ckpt_path": None, "problems": []}))
+    with pytest.raises(SystemExit, match="scored the checkpoint run/checkpoints/last.ckpt, a trained model"):
+        learning_mbpp.base_model_verdicts(trained)
+    assert learning_mbpp.base_model_verdicts(base) == base
