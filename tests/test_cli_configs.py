@@ -16,7 +16,8 @@ OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it 
             "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
             "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
             "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
+            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
+            "learn_mbpp_cpu_ds.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
