@@ -10,15 +10,7 @@ import yaml
 from rlcode import cli, run_dir
 from rlcode.run_dir import loggers
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it is applied on top of
-            "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
-            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
-            "learn_mbpp_cpu_ds.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
-HW_OVERLAY_DIR = REPO / "configs" / "hw"
+from config_stacks import CONFIGS, REPO, config_id, config_stack
 
 
 def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
@@ -37,11 +29,9 @@ def _print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
     return merged
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
 def test_every_config_parses(config, capsys):
-    base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
-        if config.name in OVERLAYS or config.parent == HW_OVERLAY_DIR else []
-    merged = _print_config(capsys, *base, config)
+    merged = _print_config(capsys, *config_stack(config))
     if merged["model_class"].endswith(".SPIRAL"):
         assert merged["data_class"].endswith(".GameDataModule") and merged["data"]["games"]
     elif merged["model_class"].endswith(".GRPO"):

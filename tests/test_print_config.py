@@ -21,13 +21,8 @@ from rlcode.cli_help import DEFAULT_MODE
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP
 from rlcode.training.learner import Learner
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
-OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"], "tiny_grpo.yaml": ["quickstart.yaml", "tiny_test.yaml"],
-            "learn_mbpp_cpu_lora.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_tests.yaml": ["learn_mbpp_cpu.yaml"],
-            "learn_mbpp_cpu_binary.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
-            "learn_mbpp_cpu_ds.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"]}
+from config_stacks import CONFIGS, REPO, config_id, config_stack
+
 # Linked from trainer.precision, so never printed (one precision knob).
 LINKED = {"precision"}
 
@@ -64,11 +59,9 @@ def test_no_setting_is_both_a_learner_and_a_mode_setting():
         assert not learner & parameters(mode), mode.__name__
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(REPO / "configs")) for c in CONFIGS])
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
 def test_the_model_section_lists_only_what_the_mode_reads(config, capsys):
-    base = [REPO / "configs" / name for name in OVERLAYS.get(config.name, ["quickstart.yaml"])] \
-        if config.name in OVERLAYS or config.parent.name == "hw" else []
-    files = [*base, config]
+    files = config_stack(config)
     shown = printed(capsys, *files)
     model = shown["model"]
     mode = model.pop("mode")
