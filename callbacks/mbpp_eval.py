@@ -137,8 +137,7 @@ class MBPPEval(L.Callback):
         self._loop_reports = []
         if not problems or not trainer.is_global_zero:
             return
-        where = "humaneval" if self.benchmark == "humaneval" else split
-        report = EvalReport(trainer.global_step, where, 0.0, sorted(problems, key=lambda p: p.task_id),
+        report = EvalReport(trainer.global_step, self._where(split), 0.0, sorted(problems, key=lambda p: p.task_id),
                             benchmark=self.benchmark)
         path = run_directory(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +173,7 @@ class MBPPEval(L.Callback):
         tasks = datamodule.eval_tasks(self.effective_num_questions)
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         # A line per batch while it runs; the last batch's is the summary line below.
-        where = "humaneval" if self.benchmark == "humaneval" else datamodule.eval_split
+        where = self._where(datamodule.eval_split)
         label = BENCHMARK_NAMES[self.benchmark]
         progress = EvalProgress(f"{label} eval at step {trainer.global_step} ({where})", len(tasks), last_line=False)
         report = score_policy(
@@ -199,6 +198,10 @@ class MBPPEval(L.Callback):
                        f"{progress.problems_per_second:.2f} problems/s"
                        + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))
         return report
+
+    def _where(self, split: str) -> str:
+        """The problems a report names: HumanEval's 164 (one set, no splits), else MBPP's ``split``."""
+        return "humaneval" if self.benchmark == "humaneval" else split
 
     def _sandbox(self, pl_module):
         if self._pool is None:
