@@ -3,7 +3,8 @@
 Why not `model.generate()`: its multinomial sampling dominates a small model's step on CPU, one
 looping row keeps the whole batch running to the token limit, and stop strings cost a full-batch
 check. This loop samples with Gumbel-max, drops finished rows from the KV cache so the remaining
-ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times. Each
+ones run on a smaller batch, encodes each distinct prompt once and copies its cache G times, then
+gives the cache room for the whole completion so each step writes in place (``kv_cache``). Each
 step copies the sampled tokens to the host once and decides there which rows ended; a row's tail is
 decoded for stop strings only when its newest token could complete one.
 """
@@ -18,6 +19,7 @@ import torch
 from rlcode.models.cache_name import cache_argument, output_cache
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
+from rlcode.rollout.kv_cache import preallocate
 from rlcode.rollout.sampling import next_tokens
 from rlcode.rollout.stop_strings import StopStringMatcher
 
@@ -115,7 +117,7 @@ class HFGenerateBackend:
         )
         generated: list[list[int]] = [[] for _ in range(rows)]  # python copies, for stop strings only
 
-        logits, cache, positions = self._prefill(input_ids, attention_mask, group)
+        logits, cache, positions = self._prefill(input_ids, attention_mask, group, room=limit)
         attention_mask = attention_mask.repeat_interleave(group, dim=0)
         active = torch.arange(rows, device=device)  # original row index of each live batch row
         active_rows = list(range(rows))  # the same, on the host
@@ -167,8 +169,9 @@ class HFGenerateBackend:
             device=decoded.completion_ids.device,
         )
 
-    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int):
-        """Encode each distinct prompt once, then copy its logits and cache `group` times."""
+    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int, room: int):
+        """Encode each distinct prompt once, then copy its logits and cache `group` times, with `room`
+        for the tokens decoding will add."""
         positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # left padding: count real tokens
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
         try:
@@ -179,6 +182,7 @@ class HFGenerateBackend:
         cache = output_cache(output)  # the model builds the cache type its layers need
         if group > 1:
             cache.batch_repeat_interleave(group)
+        preallocate(cache, room)
         logits = output.logits[:, -1, :].repeat_interleave(group, dim=0)  # [N, V]
         return logits, cache, positions[:, -1:].repeat_interleave(group, dim=0)
 
