@@ -12,9 +12,19 @@ second (steadier still when other jobs share the cores). `--stop` adds stop stri
 at git revision REV (its hf_backend.py and stop_strings.py), interleaved with today's, and checks
 that both sample the same completions.
 
+`--decode-step` times one decode step instead (batch `--batch`, `--context` prompt tokens, then
+`--max-new-tokens` steps; the median step), with transformers' concatenating cache and with the
+backend's in-place one (`rlcode.rollout.kv_cache`), against two floors measured in the same process:
+  matmul bound   2 x linear parameters x rows FLOPs at the rate of one [rows, H] x [H, I] product
+                 repeated on the same weight (it stays in the CPU's cache: the most optimistic rate)
+  weight floor   every nn.Linear of the model once, in module order, on [rows, in] inputs: the
+                 products a decode step cannot avoid, with the weights read from memory as in a step
+
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
     python benchmarks/rollout_speed.py --models tiny-random --threads 1 --stop '```' '[DONE]' \
         --paths "rlcode loop" --baseline ef14352
+    python benchmarks/rollout_speed.py --models smollm2-135m-instruct --threads 1 --decode-step \
+        --batch 16 --context 200 --max-new-tokens 64
 """
 
 from __future__ import annotations
@@ -28,9 +38,12 @@ import types
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from rlcode.models import load_model, load_tokenizer
+from rlcode.models.cache_name import cache_argument, output_cache
 from rlcode.rollout import HFGenerateBackend, SamplingParams, render_prompt
+from rlcode.rollout.kv_cache import preallocate
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of integers.",
@@ -142,6 +155,63 @@ def run(model_name: str, repeats: int, max_new_tokens: int, group: int, temperat
         print(f"  same completions as @{baseline} (seed 0): {'yes' if same else 'NO'}")
 
 
+def _median_ms(call, repeats: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def decode_steps_ms(model, batch: int, context: int, steps: int, in_place: bool) -> list[float]:
+    """Times of `steps` decode steps after a `context`-token prefill of `batch` rows, as the backend
+    runs them (one token per row, the attention mask and positions growing, the cache passed by name)."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, model.config.vocab_size - 1, (batch, context), generator=generator)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        output = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        cache = output_cache(output)
+        if in_place:
+            preallocate(cache, steps)
+        tokens, positions, times = output.logits[:, -1].argmax(-1, keepdim=True), torch.full((batch, 1), context), []
+        for _ in range(steps):
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+            start = time.perf_counter()
+            logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                           **{cache_argument(model): cache}).logits[:, -1]
+            times.append(time.perf_counter() - start)
+            tokens, positions = logits.argmax(-1, keepdim=True), positions + 1
+    return [seconds * 1e3 for seconds in times]
+
+
+def decode_step_report(model_name: str, batch: int, context: int, steps: int, repeats: int) -> None:
+    model = load_model(model_name).eval()
+    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    flops = 2 * batch * sum(module.weight.numel() for module in linears)
+    hidden, inner = model.config.hidden_size, model.config.intermediate_size
+    x, weight = torch.randn(batch, hidden), torch.randn(inner, hidden)
+    hot_rate = 2 * batch * hidden * inner / (_median_ms(lambda: [F.linear(x, weight) for _ in range(50)], repeats) / 50 / 1e3)
+    bound = flops / hot_rate * 1e3
+    inputs = {size: torch.randn(batch, size) for size in {module.in_features for module in linears}}
+    with torch.no_grad():
+        floor = _median_ms(lambda: [F.linear(inputs[m.in_features], m.weight, m.bias) for m in linears], repeats)
+    step = {"transformers' cache": [], "in-place cache": []}
+    for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit both alike
+        for name in list(step)[:: -1 if repeat % 2 else 1]:
+            step[name] += decode_steps_ms(model, batch, context, steps, in_place=name == "in-place cache")
+    print(f"\n{model_name}: decode step, batch {batch}, context {context} -> {context + steps}, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"  matmul bound   {bound:7.1f} ms  ({flops / 1e9:.2f} GFLOP at {hot_rate / 1e9:.1f} GFLOP/s, "
+          f"[{batch}, {hidden}] x [{hidden}, {inner}] repeated)")
+    print(f"  weight floor   {floor:7.1f} ms  (x{floor / bound:.2f} the bound: {len(linears)} linears once each)")
+    for name, times in step.items():
+        median = statistics.median(times)
+        print(f"  {name:20s} {median:7.1f} ms  (x{median / bound:.2f} the bound, x{median / floor:.2f} the floor)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny-random", "tiny-random-49k", "smollm2-135m-instruct"])
@@ -152,12 +222,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--stop", nargs="*", default=[], help="stop strings for every path")
     parser.add_argument("--baseline", help="git revision whose rlcode loop runs too (before/after)")
+    parser.add_argument("--decode-step", action="store_true", help="time one decode step against its floors")
+    parser.add_argument("--batch", type=int, default=16, help="rows of --decode-step")
+    parser.add_argument("--context", type=int, default=200, help="prompt tokens of --decode-step")
     parser.add_argument("--paths", nargs="+", default=["generate", "generate+gumbel", "rlcode loop"],
                         choices=["generate", "generate+gumbel", "rlcode loop"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     for model_name in args.models:
+        if args.decode_step:
+            decode_step_report(model_name, args.batch, args.context, args.max_new_tokens, args.repeats)
+            continue
         run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature, args.stop, args.paths,
             args.baseline)
 
