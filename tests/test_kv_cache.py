@@ -54,7 +54,17 @@ def test_in_place_writes_give_the_same_logits_bit_for_bit(model, tokenizer):
     assert all(torch.equal(ours, theirs) for ours, theirs in zip(preallocated, reference))
 
 
-def test_the_backend_samples_the_same_completions_with_and_without_it(model, tokenizer, monkeypatch):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_backend_samples_the_same_completions_with_and_without_it(model, tokenizer, monkeypatch, lora):
+    if lora:  # peft wraps the model; the cache still comes from the base model's layers
+        from rlcode.models.adapters import LoraSettings, apply_lora
+
+        model = apply_lora(load_model("tiny-random"), LoraSettings(r=4), quantized=False, gradient_checkpointing=False)
+        with torch.no_grad():  # non-zero adapters, so they take part in every decode step
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
+        model.eval()
     prompts = [render_prompt(tokenizer, text, chat=True) for text in TEXTS]
     # many EOS ids: rows end at different steps, so finished rows leave the cache while others go on
     backend = HFGenerateBackend(model, tokenizer, eos_token_ids=list(range(0, tokenizer.vocab_size, 9)))
