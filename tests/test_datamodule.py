@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from lightning.pytorch.trainer.states import TrainerFn
 
 from rlcode.data.datamodule import MBPPDataModule, epoch_order, rank_batches
 from rlcode.data.prompts import build_prompt, chat_messages, plain_prompt
@@ -72,6 +75,18 @@ def test_position_restores_the_same_data_order():
     resumed = _module(num_train_tasks=10, prompts_per_step=2, seed=3)
     resumed.load_state_dict(state)
     assert _take(resumed, 4) == expected
+
+
+def test_another_shuffle_is_flagged_when_a_fit_resumes_and_not_when_a_test_restores():
+    state = _module(num_train_tasks=10, prompts_per_step=2, seed=3).state_dict()
+    with pytest.warns(UserWarning, match="prompt order after resuming"):
+        _module(num_train_tasks=10, prompts_per_step=2, seed=4).load_state_dict(state)
+    scoring = _module(num_train_tasks=10, prompts_per_step=2, seed=4)
+    scoring.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.TESTING))  # rlcode test --ckpt_path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scoring.load_state_dict(state)
+    assert scoring.position == state["position"]
 
 
 def test_too_few_tasks_for_a_step_is_a_clear_error():

@@ -25,6 +25,7 @@ import random
 from typing import Any, Collection, Iterator
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -238,8 +239,10 @@ class MBPPDataModule(L.LightningDataModule):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict.get("seed", self.seed) != self.seed or state_dict.get(
-                "prompts_per_step", self.prompts_per_step) != self.prompts_per_step:
+        # validate/test restore a checkpoint's state too, but only a fit goes on to draw prompts from it
+        fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and (state_dict.get("seed", self.seed) != self.seed or state_dict.get(
+                "prompts_per_step", self.prompts_per_step) != self.prompts_per_step):
             # Resuming with another shuffle would silently repeat and skip prompts: say so, keep going.
             rank_zero_warn("data.seed or data.prompts_per_step differ from the checkpoint's: the prompt order "
                            "after resuming is not the one the run started with")
