@@ -193,7 +193,8 @@ def decode_step_report(model_name: str, batch: int, context: int, steps: int, re
     flops = 2 * batch * sum(module.weight.numel() for module in linears)
     hidden, inner = model.config.hidden_size, model.config.intermediate_size
     x, weight = torch.randn(batch, hidden), torch.randn(inner, hidden)
-    hot_rate = 2 * batch * hidden * inner / (_median_ms(lambda: [F.linear(x, weight) for _ in range(50)], repeats) / 50 / 1e3)
+    product_ms = _median_ms(lambda: [F.linear(x, weight) for _ in range(50)], repeats) / 50
+    hot_rate = 2 * batch * hidden * inner / (product_ms / 1e3)
     bound = flops / hot_rate * 1e3
     inputs = {size: torch.randn(batch, size) for size in {module.in_features for module in linears}}
     with torch.no_grad():

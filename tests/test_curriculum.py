@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from lightning.pytorch.trainer.states import TrainerFn
 
 from rlcode.data.curriculum import Curriculum, CurriculumSettings, success_shares
 from rlcode.data.datamodule import MBPPDataModule
@@ -118,7 +119,7 @@ needs_mbpp = pytest.mark.skipif(not Path(MBPP_PATH).is_file(), reason="MBPP data
 def _module(rank=0, world_size=1, **kwargs) -> MBPPDataModule:
     dm = MBPPDataModule(source=MBPP_PATH, num_train_tasks=16, prompts_per_step=2,
                         curriculum=CurriculumSettings(explore_share=0.5), **kwargs)
-    dm.trainer = SimpleNamespace(global_rank=rank, world_size=world_size)
+    dm.trainer = SimpleNamespace(global_rank=rank, world_size=world_size, state=SimpleNamespace(fn=TrainerFn.FITTING))
     dm.setup("fit")
     return dm
 
