@@ -16,7 +16,8 @@ that both sample the same completions.
 `--max-new-tokens` steps; the median step), with transformers' concatenating cache and with the
 backend's in-place one (`rlcode.rollout.kv_cache`), against two floors measured in the same process:
   matmul bound   2 x linear parameters x rows FLOPs at the rate of one [rows, H] x [H, I] product
-                 repeated on the same weight (it stays in the CPU's cache: the most optimistic rate)
+                 repeated on the same weight (it stays in the CPU's cache: the most optimistic rate;
+                 grpo_sides.matmul_flops_per_s, as step_throughput.py's utilisation uses)
   weight floor   every nn.Linear of the model once, in module order, on [rows, in] inputs: the
                  products a decode step cannot avoid, with the weights read from memory as in a step
 
@@ -41,9 +42,11 @@ import torch
 import torch.nn.functional as F
 
 from rlcode.models import load_model, load_tokenizer
-from rlcode.models.cache_name import cache_argument, output_cache
+from rlcode.models.cache_name import output_cache
 from rlcode.rollout import HFGenerateBackend, SamplingParams, render_prompt
 from rlcode.rollout.kv_cache import preallocate
+
+from grpo_sides import matmul_flops_per_s
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of integers.",
@@ -165,9 +168,10 @@ def _median_ms(call, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def decode_steps_ms(model, batch: int, context: int, steps: int, in_place: bool) -> list[float]:
-    """Times of `steps` decode steps after a `context`-token prefill of `batch` rows, as the backend
-    runs them (one token per row, the attention mask and positions growing, the cache passed by name)."""
+def decode_steps_ms(backend: HFGenerateBackend, batch: int, context: int, steps: int, in_place: bool) -> list[float]:
+    """Times of the backend's decode step (`_decode_step`), `steps` times after a `context`-token
+    prefill of `batch` rows, with transformers' cache or (`in_place`) the backend's."""
+    model = backend.model
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size - 1, (batch, context), generator=generator)
     mask = torch.ones_like(ids)
@@ -176,25 +180,23 @@ def decode_steps_ms(model, batch: int, context: int, steps: int, in_place: bool)
         cache = output_cache(output)
         if in_place:
             preallocate(cache, steps)
-        tokens, positions, times = output.logits[:, -1].argmax(-1, keepdim=True), torch.full((batch, 1), context), []
+        tokens, positions, times = output.logits[:, -1].argmax(-1), torch.full((batch, 1), context), []
         for _ in range(steps):
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
             start = time.perf_counter()
-            logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                           **{cache_argument(model): cache}).logits[:, -1]
+            logits = backend._decode_step(tokens, mask, positions, cache)
             times.append(time.perf_counter() - start)
-            tokens, positions = logits.argmax(-1, keepdim=True), positions + 1
+            tokens, positions = logits.argmax(-1), positions + 1
     return [seconds * 1e3 for seconds in times]
 
 
 def decode_step_report(model_name: str, batch: int, context: int, steps: int, repeats: int) -> None:
     model = load_model(model_name).eval()
+    backend = HFGenerateBackend(model, load_tokenizer(model_name))
     linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     flops = 2 * batch * sum(module.weight.numel() for module in linears)
     hidden, inner = model.config.hidden_size, model.config.intermediate_size
-    x, weight = torch.randn(batch, hidden), torch.randn(inner, hidden)
-    product_ms = _median_ms(lambda: [F.linear(x, weight) for _ in range(50)], repeats) / 50
-    hot_rate = 2 * batch * hidden * inner / (product_ms / 1e3)
+    hot_rate = matmul_flops_per_s(hidden, inner, tokens=batch)  # one weight, repeated: it stays cached
     bound = flops / hot_rate * 1e3
     inputs = {size: torch.randn(batch, size) for size in {module.in_features for module in linears}}
     with torch.no_grad():
@@ -202,7 +204,7 @@ def decode_step_report(model_name: str, batch: int, context: int, steps: int, re
     step = {"transformers' cache": [], "in-place cache": []}
     for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit both alike
         for name in list(step)[:: -1 if repeat % 2 else 1]:
-            step[name] += decode_steps_ms(model, batch, context, steps, in_place=name == "in-place cache")
+            step[name] += decode_steps_ms(backend, batch, context, steps, in_place=name == "in-place cache")
     print(f"\n{model_name}: decode step, batch {batch}, context {context} -> {context + steps}, "
           f"torch threads {torch.get_num_threads()}")
     print(f"  matmul bound   {bound:7.1f} ms  ({flops / 1e9:.2f} GFLOP at {hot_rate / 1e9:.1f} GFLOP/s, "
