@@ -29,7 +29,7 @@ class PreallocatedLayer(DynamicLayer):
         self._key_buffer[:, :, :length] = keys
         self._value_buffer[:, :, :length] = values
         self.length = length
-        self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+        self.device, self.is_initialized = keys.device, True
         self._expose()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -62,7 +62,7 @@ def preallocate(cache, room: int) -> int:
         return 0
     converted = 0
     for index, layer in enumerate(layers):
-        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
+        if type(layer) is DynamicLayer and layer.get_seq_length() > 0:  # not an empty or shared layer
             layers[index] = PreallocatedLayer(layer.keys, layer.values, room)
             converted += 1
     return converted
