@@ -16,7 +16,9 @@ OVERLAYS = {"tiny_test.yaml": ["quickstart.yaml"],  # overlay -> the configs it 
             "learn_mbpp_cpu_ds.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
             "learn_mbpp_cpu_wide.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml"],
             "learn_mbpp_cpu_wide_g4.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml",
-                                            "learn_mbpp_cpu_wide.yaml"]}
+                                            "learn_mbpp_cpu_wide.yaml"],
+            "learn_mbpp_cpu_wide_long.yaml": ["learn_mbpp_cpu.yaml", "learn_mbpp_cpu_tests.yaml",
+                                              "learn_mbpp_cpu_wide.yaml"]}
 HW_OVERLAY_DIR = REPO / "configs" / "hw"
 
 
