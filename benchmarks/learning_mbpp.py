@@ -79,15 +79,19 @@ def compare(before: dict[int, bool], after: dict[int, bool]) -> dict:
             "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(len(lost), len(gained))}
 
 
-def fit(configs: list[Path], seed: int, root: Path, threads: int, at_start: bool, extra: list[str]) -> float:
+def fit(configs: list[Path], seed: int, root: Path, threads: int, at_start: bool,
+        extra: list[str]) -> tuple[float, int]:
+    """One seed's ``rlcode fit``: its minutes and exit code. A failed fit does not stop the benchmark:
+    its end-of-run MBPP verdicts may already be written (a last checkpoint that fails to save comes after
+    them), and the other seeds' hours are not thrown away."""
     overlays = [argument for config in configs for argument in ("--config", str(config))]
     command = [sys.executable, "-m", "rlcode.cli", "fit", *overlays, "--run.root_dir", str(root),
                "--data.seed", str(seed), "--model.generation_seed", str(seed), "--run.cpu_threads", str(threads),
                "--eval.at_start", str(at_start).lower(), *extra]
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     started = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True)
-    return (time.perf_counter() - started) / 60
+    code = subprocess.run(command, cwd=REPO).returncode
+    return (time.perf_counter() - started) / 60, code
 
 
 def humaneval_test(configs: list[Path], root: Path, threads: int, checkpoint: Path | None) -> Path:
@@ -183,6 +187,7 @@ def main() -> None:
     baseline = baseline_eval(args.baseline) if args.baseline else None
     humaneval_baseline = args.humaneval_baseline and base_model_verdicts(args.humaneval_baseline)
 
+    failed: dict[int, str] = {}  # seed -> why its fit failed
     if args.from_runs:
         recipe = "as each run's name says"
         runs = [(run.name, run) for run in args.from_runs]
@@ -197,20 +202,30 @@ def main() -> None:
         runs, minutes = [], {}
         for seed in args.seeds:
             run = root / f"{recipe}-seed{seed}"
-            minutes[seed] = fit(args.config, seed, run, args.threads, baseline is None or args.baseline_every_seed,
-                                extra)
-            if args.humaneval:
+            minutes[seed], code = fit(args.config, seed, run, args.threads,
+                                      baseline is None or args.baseline_every_seed, extra)
+            if code:
+                failed[seed] = f"rlcode fit exited {code}"
+                print(f"learning_mbpp: seed {seed}: {failed[seed]}; reporting the verdicts it wrote, "
+                      "without HumanEval (no trained checkpoint to score)", file=sys.stderr, flush=True)
+            elif args.humaneval:
                 humaneval_test(args.config, run / "humaneval", args.threads, last_checkpoint(run))
             baseline = baseline or eval_files(run).get(0)
-            runs.append((seed, run))
-        rows = summarize(runs, baseline, humaneval_baseline if args.humaneval else None)
+            if seed not in failed or max(eval_files(run), default=0) > 0:  # else it never scored a trained model
+                runs.append((seed, run))
+        rows = summarize(runs, baseline, humaneval_baseline if args.humaneval else None) if runs else []
         for row in rows:
             row["minutes"] = minutes[row["seed"]]
-    print_table(rows, recipe)
+            if row["seed"] in failed:
+                row["fit_failed"] = failed[row["seed"]]
+    if rows:
+        print_table(rows, recipe)
     line = {"benchmark": "learning_mbpp", "recipe": recipe, "load_avg_1m": os.getloadavg()[0], "results": rows}
     print(json.dumps(line))
     if args.json:
         args.json.write_text(json.dumps(line, indent=1))
+    if failed:
+        sys.exit(f"learning_mbpp: rlcode fit failed ({failed}); the rows above hold what those seeds wrote first")
 
 
 if __name__ == "__main__":

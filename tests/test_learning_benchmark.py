@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import json
 from pathlib import Path
 
@@ -98,3 +99,46 @@ def test_a_trained_models_humaneval_verdicts_are_refused_as_the_baseline(tmp_pat
     with pytest.raises(SystemExit, match="scored the checkpoint run/checkpoints/last.ckpt, a trained model"):
         learning_mbpp.base_model_verdicts(trained)
     assert learning_mbpp.base_model_verdicts(base) == base
+
+
+def test_a_seed_whose_fit_fails_is_reported_from_what_it_wrote_and_the_others_still_run(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A fit that fails after its end-of-run eval (a last checkpoint that cannot be saved on a full disk)
+    keeps its MBPP verdicts in the report, marked and without HumanEval; the next seed still runs; the
+    benchmark writes its JSON and exits non-zero."""
+    def write(path, passed, task=lambda t: t):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"ckpt_path": None, "problems": [{"task_id": task(t), "passed": t in passed}
+                                                                    for t in range(4)]}))
+
+    base_humaneval = tmp_path / "base.json"
+    write(base_humaneval, {0}, task=lambda t: f"HumanEval/{t}")
+    commands = []
+
+    def run(command, cwd, check=False):
+        commands.append(command)
+        root = Path(command[command.index("--run.root_dir") + 1])
+        if command[3] == "test":
+            write(root / "x/version_0/eval/test_step_0.json", {0, 1}, task=lambda t: f"HumanEval/{t}")
+            return subprocess.CompletedProcess(command, 0)
+        seed = int(command[command.index("--data.seed") + 1])
+        if seed == 0:
+            write(root / "x/version_0/eval/step_0.json", {0})
+        write(root / "x/version_0/eval/step_90.json", {0, 1, 2} if seed == 0 else {1})
+        (root / "x/version_0/checkpoints").mkdir(parents=True, exist_ok=True)
+        if seed == 0:
+            (root / "x/version_0/checkpoints/last.ckpt").touch()
+        return subprocess.CompletedProcess(command, 0 if seed == 0 else 1)
+
+    monkeypatch.setattr(learning_mbpp.subprocess, "run", run)
+    out = tmp_path / "out.json"
+    monkeypatch.setattr("sys.argv", ["learning_mbpp.py", "--seeds", "0", "1", "2", "--root", str(tmp_path / "runs"),
+                                     "--humaneval-baseline", str(base_humaneval), "--json", str(out)])
+    with pytest.raises(SystemExit, match=r"rlcode fit failed \({1: 'rlcode fit exited 1', 2: 'rlcode fit exited 1'}\)"):
+        learning_mbpp.main()
+    assert [command[3] for command in commands] == ["fit", "test", "fit", "fit"]  # no HumanEval for a failed fit
+    zero, one, two = json.loads(out.read_text())["results"]
+    assert (zero["passed_after"], "fit_failed" in zero, zero["humaneval"]["passed_after"]) == (3, False, 2)
+    assert (one["passed_before"], one["passed_after"], one["fit_failed"], "humaneval" in one) == (
+        1, 1, "rlcode fit exited 1", False)
+    assert (one["lost"], one["gained"], two["seed"]) == ([0], [1], 2)
