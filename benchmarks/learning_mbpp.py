@@ -210,8 +210,9 @@ def main() -> None:
                       "without HumanEval (no trained checkpoint to score)", file=sys.stderr, flush=True)
             elif args.humaneval:
                 humaneval_test(args.config, run / "humaneval", args.threads, last_checkpoint(run))
-            baseline = baseline or eval_files(run).get(0)
-            if seed not in failed or max(eval_files(run), default=0) > 0:  # else it never scored a trained model
+            files = eval_files(run)
+            baseline = baseline or files.get(0)
+            if seed not in failed or max(files, default=0) > 0:  # else it never scored a trained model
                 runs.append((seed, run))
         rows = summarize(runs, baseline, humaneval_baseline if args.humaneval else None) if runs else []
         for row in rows:
