@@ -99,7 +99,7 @@ bench: setup
 	$(PY) benchmarks/step_throughput.py
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) $(DEVICE_STACK_VENV) .device-wheels runs lightning_logs .pytest_cache
 
 # The CPU suite on the torch and transformers that `pip install 'rlcode[vllm]'` resolves to: vllm 0.33.0
 # pins torch==2.14.0 and transformers>=5.16.1,<5.21.0 (tests/vllm_api.json records the pins from its
@@ -113,3 +113,21 @@ test-vllm-stack:
 	echo "installing $$pins and rlcode[test] into $(VLLM_STACK_VENV) ..."; \
 	$(VLLM_STACK_VENV)/bin/python -m pip install -q --disable-pip-version-check $$pins -e ".[test]"
 	$(VLLM_STACK_VENV)/bin/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+# The GPU lease (benchmarks/README.md, "The GPU check on a lent machine"): the wheels gpu_check.py needs
+# that the lent machine's image lacks, for its Python 3.12, into .device-wheels (carried with the call).
+.PHONY: device-wheels test-device-stack
+device-wheels: setup
+	@$(PY) benchmarks/device_wheels.py
+
+# The lease's one command in its dry run against the image's versions (benchmarks/device_image.txt) in a
+# venv of its own holding those and nothing else, with the carried wheels built for this venv's Python.
+DEVICE_STACK_VENV ?= .venv-device-stack
+test-device-stack: setup
+	@test -x $(DEVICE_STACK_VENV)/bin/python || $(PYTHON) -m venv $(DEVICE_STACK_VENV)
+	@echo "installing the GPU image's versions into $(DEVICE_STACK_VENV) ..."
+	@$(DEVICE_STACK_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	    $$($(PY) benchmarks/device_wheels.py --stack-requirements $(TORCH_VERSION))
+	@$(PY) benchmarks/device_wheels.py --dest $(DEVICE_STACK_VENV)/wheels --python-version \
+	    $$($(DEVICE_STACK_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	RLCODE_DEVICE_STACK=$(DEVICE_STACK_VENV) $(VENV)/bin/pytest -q -m slow tests/test_gpu_check_device_stack.py

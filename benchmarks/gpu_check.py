@@ -1,396 +1,183 @@
-"""One command for a machine with one GPU and no network: does rlcode's GPU path work, how fast, how much memory.
+"""One command for a lent GPU machine (one H100 or H200, no network, ~15 minutes): what rlcode's GPU path does.
 
-It builds a random-init model of a real shape (Qwen2.5-1.5B's config by default; weights cannot be
-downloaded) with the offline tiny tokenizer (``tiny-random``: 512 ids, so prompts are short), saves
-it as a Hugging Face folder and reports, each check in turn:
+Runs the checks of ``gpu_check_cases.py`` one after another, each in a process of its own with its own
+time budget: a check that fails or outlasts its budget is reported as such (its process group killed)
+and the rest still run, so one lease always comes back with every answer it could get. A whole-run
+budget (``--total-budget``) caps the sum: a check gets what is left when that is less than its own.
+Its own process per check also gives each its own peak GPU memory and frees the GPU between checks.
 
-1. ``grpo_bf16``: bf16-mixed GRPO steps with the HF backend, rlcode against TRL's GRPOTrainer
-   (same prompts, G, lengths, length reward, loss, micro-batches): completion tokens/s after a
-   warm-up step and peak GPU memory, side by side. TRL is skipped where it is not installed.
-2. ``shared_prefix``: the shared-prefix training pass against the plain one under bf16 autocast on
-   G rows sharing a prompt: seconds per forward+backward and the largest log-prob difference.
-3. ``fp16_mixed``: GRPO steps under 16-mixed (fp16 with loss scaling: the V100 path).
-4. ``qlora_4bit``: GRPO steps with a 4-bit NF4 base (bitsandbytes' CUDA build) and LoRA r=16.
-5. ``spiral``: one SPIRAL self-play step (TicTacToe) with the HF backend.
-6. ``vllm`` (when ``import vllm`` works): ``gpu_vllm_smoke.py``'s checks on this model, plus
-   sampling at temperature 0.7 with the vLLM backend against the trainer's ``completion_logps`` of
-   the sampled tokens (mean |difference| and the importance weights the correction would use).
+First comes the platform line (the GPU, the precision and the platform profile ``rlcode fit`` picks
+automatically), then one line per check. Results go to ``OUT/gpu_check_<date>.json`` (copy it into
+``benchmarks/results/``) and the checks' own output to ``OUT/gpu_check.log``. Exit code 1 when any
+check failed or ran out of time, 2 when there is no GPU and no ``--dry-run``.
 
-``--dry-run`` runs the same code on the CPU with a 2-layer model of the same family in seconds (CI
-runs it): 16-mixed becomes bf16-mixed there (Lightning has no fp16 autocast on CPU) and the vLLM
-check runs only against whatever ``vllm`` module is importable (the tests inject their stand-in).
-A check that fails is reported with its error and the others still run; the exit code is 1 then.
-
-    python benchmarks/gpu_check.py [--json results.json]        # on the GPU machine
-    python benchmarks/gpu_check.py --dry-run                    # anywhere, seconds
+    bash benchmarks/gpu_lease.sh                                # on the lent machine: installs the carried wheels, then this
+    python benchmarks/gpu_check.py --out DIR                    # where the packages are already installed
+    python benchmarks/gpu_check.py --dry-run --out DIR          # the same code on the CPU, a 2-layer model, seconds a check
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import datetime
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: the reward below, gpu_vllm_smoke
-
-# Qwen2.5-1.5B-Instruct's config.json (architecture fields); the dry run keeps the family, shrinks the sizes.
-QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True)
-DRY_RUN = dict(QWEN25_15B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048)
-TASKS = ["Write a Python function that returns the sum of the squares of a list of integers.",
-         "Write a Python function that checks whether a string is a palindrome.",
-         "Write a Python function that returns the n-th Fibonacci number.",
-         "Write a Python function that removes duplicate items from a list, keeping their order."]
+# Seconds per check on the lent GPU, in the order they run (the most telling first, so a short lease
+# still gets them). Sized from what each does on a 1.5B model: a process start with torch, transformers
+# and Lightning imported (~15 s), loading 3 GB of bf16 weights, 4 GRPO steps of 16 rows x 128 tokens
+# (HF generate at ~25 ms a token: ~5 s a step); TRL builds a datasets pipeline first. Their sum
+# (440 s) is over the whole-run budget on purpose: a check that finishes early leaves its rest to later ones.
+BUDGETS_S = {"platform": 40, "model": 60, "grpo_bf16": 75, "trl_bf16": 90, "fp16_mixed": 50, "qlora_4bit": 60,
+             "shared_prefix": 30, "spiral": 40, "vllm": 60}
+TOTAL_BUDGET_S = 400  # under the lease's 7 minutes for the checks, with the wheels' install before them
+DRY_RUN_BUDGET_S = 300  # on a shared 2-core CPU a dry-run check takes 10-40 s: the budget only catches a hang
+P5_GOAL = {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.5}
 
 
-def length_reward(prompts=None, completions=None, completion_ids=None, **columns) -> list[float]:
-    """Characters / 100 (no sandbox: the check is about the GPU path, not rewards)."""
-    texts = ["".join(str(m.get("content", "")) for m in c) if isinstance(c, list) else str(c) for c in completions]
-    return [len(text) / 100.0 for text in texts]
+def run_checks(args: argparse.Namespace) -> dict:
+    """Every check in its own process, in order; the results dict written to ``args.out``."""
+    import gpu_check_cases as cases
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "gpu_check.log"
+    budgets = _budgets(args)
+    deadline = time.monotonic() + (args.total_budget or float("inf"))
+    results: dict = {"date": datetime.date.today().isoformat(), "dry_run": args.dry_run, "checks": {}}
+    with log_path.open("a") as log:
+        for name in args.checks:
+            left = deadline - time.monotonic()
+            if name not in cases.NEEDS_NO_MODEL and results["checks"].get("model", {}).get("status") not in (None, "ok"):
+                outcome = {"status": "skipped", "reason": "the model folder was not built"}
+            elif left <= 0:
+                outcome = {"status": "not_run", "reason": f"the whole run's budget ({args.total_budget} s) was spent"}
+            else:
+                outcome = run_one(name, min(budgets[name], left), args, log)
+            results["checks"][name] = outcome
+            if name == "platform" and outcome["status"] == "ok":
+                results.update(platform=outcome["line"], versions=outcome["versions"])
+                print(outcome["line"], flush=True)
+            print(f"{name}: {json.dumps(outcome)}", flush=True)
+    results["p5"] = p5_figure(results["checks"])
+    print(f"p5: {json.dumps(results['p5'])}", flush=True)
+    results_path = out / f"gpu_check_{results['date']}.json"
+    results_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results: {results_path}; log: {log_path}", flush=True)
+    return results
 
 
-def prompt_rows(count: int) -> list[dict]:
-    return [{"task_id": str(i), "prompt": [{"role": "user", "content": TASKS[i % len(TASKS)] + f" (#{i})"}]}
-            for i in range(count)]
+def run_one(name: str, budget_s: float, args: argparse.Namespace, log) -> dict:
+    """``name`` in a child process of its own session, killed with its children past ``budget_s``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        result_path = Path(scratch) / "result.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result", str(result_path),
+                   "--work-dir", args.work_dir, "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens)]
+        command += ["--dry-run"] if args.dry_run else []
+        log.write(f"\n===== {name} (budget {budget_s:.0f} s) =====\n")
+        log.flush()
+        started = time.monotonic()
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = None
+        seconds = round(time.monotonic() - started, 1)
+        timing = {"seconds": seconds, "budget_s": round(budget_s, 1)}
+        if code is None:
+            return {"status": "over_budget", **timing}
+        if not result_path.is_file():
+            return {"status": "error", "error": f"exit code {code} before any result (see the log)", **timing}
+        return {**json.loads(result_path.read_text()), **timing}
 
 
-class Setup:
-    """What every check shares: device, sizes, the model folder."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        import torch
-
-        self.dry_run = args.dry_run
-        self.cuda = torch.cuda.is_available() and not args.dry_run
-        self.accelerator = "gpu" if self.cuda else "cpu"
-        self.steps = args.steps if args.steps else (1 if args.dry_run else 4)
-        self.prompts = 2 if args.dry_run else 4
-        self.generations = 2 if args.dry_run else 4
-        self.max_new_tokens = 8 if args.dry_run else args.max_new_tokens
-        self.folder = build_model_folder(Path(args.work_dir), DRY_RUN if args.dry_run else QWEN25_15B)
-
-    def grpo(self, **extra):
-        from rlcode.modes import GRPO
-        from rlcode.training.learner import Learner
-
-        settings = dict(model_name=str(self.folder), max_new_tokens=self.max_new_tokens, temperature=1.0,
-                        learning_rate=1e-6, loss_type="dapo", beta=0.0, micro_batch_size=self.generations,
-                        generation_seed=0)
-        mode = GRPO(rewards=["gpu_check:length_reward"], reward_weights=None, num_generations=self.generations)
-        return Learner(mode=mode, **{**settings, **extra})
-
-    def fit(self, module, precision: str, datamodule=None, steps: int | None = None) -> dict:
-        """Train ``steps`` steps; completion tokens/s after the first (warm-up) step, peak GPU memory."""
-        import lightning as L
-        import torch
-        from torch.utils.data import DataLoader, IterableDataset
-
-        steps = steps or self.steps
-        rows = prompt_rows(self.prompts * steps * 2)
-        batches = [rows[i:i + self.prompts] for i in range(0, len(rows), self.prompts)]
-
-        class Batches(IterableDataset):
-            def __iter__(self):
-                for batch in batches:
-                    yield {key: [row[key] for row in batch] for key in batch[0]}
-
-        clock = _Clock()
-        trainer = L.Trainer(accelerator=self.accelerator, devices=1, precision=precision, max_steps=steps,
-                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
-        _reset_peak()
-        if datamodule is None:
-            trainer.fit(module, train_dataloaders=DataLoader(Batches(), batch_size=None, num_workers=0))
-        else:
-            trainer.fit(module, datamodule=datamodule)
-        result = clock.summary()
-        result.update(peak_gpu_gb=_peak_gb(), optimizer_steps=trainer.global_step)
-        del trainer
-        _free()
-        return result
-
-
-class _Clock:
-    """Lightning callback: step ends and completion tokens of each step."""
-
-    def __new__(cls):
-        import lightning as L
-
-        class Clock(L.Callback):
-            def __init__(self) -> None:
-                self.ends, self.tokens = [], []
-
-            def on_train_start(self, trainer, module) -> None:
-                self.started = time.perf_counter()
-
-            def on_train_batch_end(self, trainer, module, *args) -> None:
-                self.ends.append(time.perf_counter())
-                self.tokens.append(sum(module.last_step.completion_lengths) if module.last_step else 0)
-
-            def summary(self) -> dict:
-                return _throughput([self.started, *self.ends], self.tokens)
-
-        return Clock()
-
-
-def _throughput(times: list[float], tokens: list[int]) -> dict:
-    steps = [b - a for a, b in zip(times, times[1:])]
-    timed = slice(1, None) if len(steps) > 1 else slice(0, None)  # leave the warm-up step out
-    seconds, count = sum(steps[timed]), sum(tokens[timed])
-    return {"step_s": [round(s, 3) for s in steps], "tokens_per_s": round(count / seconds, 1) if seconds else None}
-
-
-def build_model_folder(work_dir: Path, shape: dict) -> Path:
-    """A random-init Qwen2 of ``shape`` with the tiny tokenizer, saved in bf16 (what vLLM and GRPO load)."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    from rlcode.models import resolve_model_source
-
-    folder = work_dir / f"qwen2-h{shape['hidden_size']}-l{shape['num_hidden_layers']}-v{shape['vocab_size']}"
-    if (folder / "config.json").is_file():
-        return folder
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("tiny-random"))
-    config = Qwen2Config(**shape, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    del model
-    _free()
-    return folder
-
-
-def check_grpo_bf16(setup: Setup) -> dict:
-    result = {"rlcode": setup.fit(setup.grpo(precision="bf16-mixed"), "bf16-mixed")}
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        result["trl"] = "not installed"
-        return result
-    result["trl"] = run_trl(setup)
-    return result
-
-
-def run_trl(setup: Setup) -> dict:
-    """TRL 1.16's GRPOTrainer configured like the rlcode side (bf16, same prompts, G, lengths, reward, loss)."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    tokenizer = AutoTokenizer.from_pretrained(setup.folder)
-    model = AutoModelForCausalLM.from_pretrained(setup.folder, dtype=torch.float32)
-    times, tokens = [], []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            times.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            times.append(time.perf_counter())
-
-    def reward(prompts=None, completions=None, completion_ids=None, **columns):
-        tokens.append(sum(len(ids) for ids in completion_ids))
-        return length_reward(completions=completions)
-
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="gpu-check-trl-"), use_cpu=not setup.cuda, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, dataloader_num_workers=0,
-        per_device_train_batch_size=setup.generations, gradient_accumulation_steps=setup.prompts,
-        num_generations=setup.generations, max_completion_length=setup.max_new_tokens, temperature=1.0, top_k=0,
-        top_p=1.0, beta=0.0, loss_type="dapo", bf16=True, learning_rate=1e-6, max_steps=setup.steps,
-        shuffle_dataset=False)
-    _reset_peak()
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list(prompt_rows(setup.prompts * setup.steps)), callbacks=[Clock()])
-    trainer.train()
-    result = dict(_throughput(times, tokens), peak_gpu_gb=_peak_gb(), optimizer_steps=trainer.state.global_step)
-    del trainer, model
-    _free()
-    return result
-
-
-def check_shared_prefix(setup: Setup) -> dict:
-    """Shared-prefix vs plain training pass in bf16 autocast: speed and log-prob agreement."""
-    import torch
-
-    from rlcode.logprobs.sequence_logps import completion_logps
-    from rlcode.models import load_model, load_tokenizer
-
-    device = torch.device("cuda" if setup.cuda else "cpu")
-    policy = load_model(str(setup.folder)).to(device).train()
-    tokenizer = load_tokenizer(str(setup.folder))
-    rows = 8
-    prompt = tokenizer([TASKS[0] * (1 if setup.dry_run else 8)], return_tensors="pt")["input_ids"].to(device)
-    prompt_ids, prompt_mask = prompt.repeat(rows, 1), torch.ones_like(prompt).repeat(rows, 1)
-    generator = torch.Generator().manual_seed(0)
-    length = setup.max_new_tokens
-    completion_ids = torch.randint(3, len(tokenizer), (rows, length), generator=generator).to(device)
-    completion_mask = torch.ones_like(completion_ids)
-    result = {"rows": rows, "prompt_tokens": prompt.size(1), "completion_tokens": length}
-    logps = {}
-    for share in (False, True, False, True):  # alternate; the second of each is timed
-        policy.zero_grad(set_to_none=True)
-        _sync()
-        started = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            values = completion_logps(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
-                                      share_prefix=share)
-        values.sum().backward()
-        _sync()
-        result[f"{'shared' if share else 'plain'}_s"] = round(time.perf_counter() - started, 4)
-        logps[share] = values.detach().float()
-    result["max_abs_logp_difference"] = float((logps[True] - logps[False]).abs().max())
-    result["speedup"] = round(result["plain_s"] / result["shared_s"], 2)
-    del policy
-    _free()
-    return result
-
-
-def check_fp16_mixed(setup: Setup) -> dict:
-    precision = "16-mixed" if setup.cuda else "bf16-mixed"  # Lightning: no fp16 autocast on CPU
-    return {"precision": precision, **setup.fit(setup.grpo(precision=precision), precision)}
-
-
-def check_qlora(setup: Setup) -> dict:
-    precision = "bf16-mixed"
-    module = setup.grpo(precision=precision, quantization="4bit", lora={"r": 16})
-    return setup.fit(module, precision)
-
-
-def check_spiral(setup: Setup) -> dict:
-    from rlcode.data.games import GameDataModule
-    from rlcode.modes import SPIRAL
-    from rlcode.training.learner import Learner
-
-    module = Learner(mode=SPIRAL(opponent="self", move_format="bracket", max_turns=4), model_name=str(setup.folder),
-                    max_new_tokens=setup.max_new_tokens, temperature=1.0, micro_batch_size=8, loss_type="dr_grpo",
-                    beta=0.0, precision="bf16-mixed")
-    return setup.fit(module, "bf16-mixed", datamodule=GameDataModule(episodes_per_step=2, eval_episodes=1), steps=1)
-
-
-def check_vllm(setup: Setup) -> dict:
-    """gpu_vllm_smoke's checks, then vLLM samples at T=0.7 scored by the trainer."""
-    import torch
+def run_child(args: argparse.Namespace) -> int:
+    """One check in this process: its figures, ``status`` ok / skipped / error, as JSON at ``args.result``."""
+    import gpu_check_cases as cases
 
     try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return {"skipped": "vllm is not importable"}
-    result = {}
-    if setup.cuda:  # its own process: one vLLM engine (and torch.distributed world) per process
-        import subprocess
-
-        smoke = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_vllm_smoke.py")), "--model",
-                                str(setup.folder), "--prompts", "4", "--generations", "4", "--max-new-tokens", "64"],
-                               capture_output=True, text=True, timeout=1800)
-        result["smoke_exit_code"] = smoke.returncode
-        result["smoke_output"] = (smoke.stdout + smoke.stderr)[-2000:]
-    else:
-        result["smoke"] = "needs CUDA: not run"
-    from rlcode.logprobs.sequence_logps import completion_logps
-    from rlcode.models import load_model, load_tokenizer
-    from rlcode.rollout import SamplingParams, render_prompt
-    from rlcode.rollout.vllm.backend import VLLMBackend
-    from rlcode.rollout.vllm.engine import VLLMSettings
-
-    device = torch.device("cuda" if setup.cuda else "cpu")
-    policy = load_model(str(setup.folder), precision="bf16-true").to(device).eval()
-    tokenizer = load_tokenizer(str(setup.folder))
-    backend = VLLMBackend(policy, tokenizer, str(setup.folder), settings=VLLMSettings(max_model_len=1024), seed=0)
-    prompts = [render_prompt(tokenizer, row["prompt"], chat=True) for row in prompt_rows(setup.prompts)]
-    rollout = backend.generate(prompts, setup.generations, SamplingParams(temperature=0.7, seed=1,
-                                                                          max_new_tokens=setup.max_new_tokens))
-    with torch.no_grad():
-        trainer = completion_logps(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                   rollout.completion_mask, 0.7)
-    mask = rollout.completion_mask.bool()
-    difference = (trainer.float() - rollout.sampling_logps.to(trainer.device))[mask]
-    weights = difference.exp().clamp(max=3.0)
-    result.update(tokens=int(mask.sum()), mean_abs_logp_difference=float(difference.abs().mean()),
-                  importance_weight_mean=float(weights.mean()), importance_weight_min=float(weights.min()))
-    del backend, policy
-    _free()
-    return result
+        outcome = cases.CHECKS[args.child](cases.Setup(args))
+        outcome = {"status": "skipped", "reason": outcome["skipped"]} if "skipped" in outcome else {"status": "ok", **outcome}
+    except Exception as error:  # noqa: BLE001 - the parent reports it and goes on with the other checks
+        traceback.print_exc()
+        outcome = {"status": "error", "error": f"{type(error).__name__}: {error}"[:2000]}
+    Path(args.result).write_text(json.dumps(outcome))
+    return 0 if outcome["status"] != "error" else 1
 
 
-CHECKS = {"grpo_bf16": check_grpo_bf16, "shared_prefix": check_shared_prefix, "fp16_mixed": check_fp16_mixed,
-          "qlora_4bit": check_qlora, "spiral": check_spiral, "vllm": check_vllm}
+def p5_figure(checks: dict) -> dict:
+    """rlcode against TRL on the same bf16 GRPO steps: tokens/s and peak memory ratios, and the goal."""
+    ours, theirs = checks.get("grpo_bf16", {}), checks.get("trl_bf16", {})
+    if ours.get("status") != "ok" or theirs.get("status") != "ok":
+        return {"status": "not measured", "reason": "grpo_bf16 and trl_bf16 must both be ok"}
+    figure = {"goal": P5_GOAL}
+    if ours.get("tokens_per_s") and theirs.get("tokens_per_s"):
+        figure["tokens_per_s_ratio"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 2)
+    if ours.get("peak_gpu_gb") and theirs.get("peak_gpu_gb"):
+        figure["peak_memory_ratio"] = round(ours["peak_gpu_gb"] / theirs["peak_gpu_gb"], 2)
+    if {"tokens_per_s_ratio", "peak_memory_ratio"} <= set(figure):
+        figure["goal_met"] = (figure["tokens_per_s_ratio"] >= P5_GOAL["tokens_per_s_ratio_at_least"]
+                              and figure["peak_memory_ratio"] <= P5_GOAL["peak_memory_ratio_at_most"])
+    return figure
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _reset_peak() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _peak_gb() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
-
-
-def _free() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _budgets(args: argparse.Namespace) -> dict:
+    budgets = {name: (DRY_RUN_BUDGET_S if args.dry_run else seconds) for name, seconds in BUDGETS_S.items()}
+    for setting in args.budget:
+        name, _, seconds = setting.partition("=")
+        if name not in budgets or not seconds:
+            raise SystemExit(f"--budget {setting}: expected CHECK=SECONDS with CHECK one of {', '.join(budgets)}")
+        budgets[name] = float(seconds)
+    return budgets
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU with a 2-layer model")
-    parser.add_argument("--checks", nargs="+", default=list(CHECKS), choices=list(CHECKS))
+    parser.add_argument("--checks", nargs="+", default=list(BUDGETS_S), choices=list(BUDGETS_S))
+    parser.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu-check-"),
+                        help="where the JSON and the log go (default: $OUT, else a new temporary folder)")
+    parser.add_argument("--budget", action="append", default=[], metavar="CHECK=SECONDS",
+                        help="one check's time budget instead of its default (repeatable)")
+    parser.add_argument("--total-budget", type=float, default=None,
+                        help=f"seconds for all checks together (default {TOTAL_BUDGET_S} on a GPU, none in a dry run)")
     parser.add_argument("--steps", type=int, default=0, help="GRPO steps per check, the first is warm-up (0: 4; dry run: 1, untimed)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--work-dir", default=tempfile.gettempdir(), help="where the random model folder is saved")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    parser.add_argument("--child", choices=list(BUDGETS_S), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.total_budget is None and not args.dry_run:
+        args.total_budget = TOTAL_BUDGET_S
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_cases, gpu_vllm_smoke beside this file
     args = parse_args(argv)
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
+    if args.child:
+        return run_child(args)
+    if not args.dry_run and not _has_cuda():
         print("gpu_check.py needs a CUDA GPU (or --dry-run for the CPU); nothing was checked.", file=sys.stderr)
         return 2
-    setup = Setup(args)
-    device = torch.cuda.get_device_name() if setup.cuda else "cpu (dry run)"
-    results: dict = {"device": device, "torch": torch.__version__, "model": setup.folder.name, "checks": {}}
-    failed = False
-    for name in args.checks:
-        started = time.perf_counter()
-        try:
-            outcome = CHECKS[name](setup)
-        except Exception as error:  # noqa: BLE001 - report it and go on with the other checks
-            traceback.print_exc()
-            outcome, failed = {"error": f"{type(error).__name__}: {error}"}, True
-        outcome["seconds"] = round(time.perf_counter() - started, 1)
-        results["checks"][name] = outcome
-        print(f"{name}: {json.dumps(outcome)}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    return 1 if failed else 0
+    results = run_checks(args)
+    return 0 if all(check["status"] in ("ok", "skipped") for check in results["checks"].values()) else 1
+
+
+def _has_cuda() -> bool:
+    """Asked in a child, so this process never holds a CUDA context the checks' memory would share."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    return probe.stdout.strip() == "True"
 
 
 if __name__ == "__main__":

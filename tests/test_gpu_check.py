@@ -1,44 +1,80 @@
-"""benchmarks/gpu_check.py --dry-run: the GPU check's code runs on the CPU with a 2-layer model, every
-check included (the vLLM one against the strict stand-in), so the command is known to work before a
-GPU machine runs it."""
+"""benchmarks/gpu_check.py: every check's code runs on the CPU in its dry run (the vLLM one against the
+strict stand-in), each in its own process, and a check past its time budget is reported while the rest
+still run, so the one command is known to work before a GPU lease spends its minutes on it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
-import vllm_stand_in
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import gpu_check  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _results(out: Path) -> dict:
+    (path,) = out.glob("gpu_check_*.json")
+    return json.loads(path.read_text())
 
 
 @pytest.mark.slow
 def test_the_dry_run_runs_every_check(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", script)  # the GRPO reward "gpu_check:length_reward"
-    spec.loader.exec_module(script)
-    checks, codes = {}, []
-    others = [name for name in script.CHECKS if name != "vllm"]
-    # TRL looks for an installed vllm: the stand-in is there for the vLLM check only
-    for names, stand_in in ((others, None), (["vllm"], vllm_stand_in.module())):
-        if stand_in is not None:
-            monkeypatch.setitem(sys.modules, "vllm", stand_in)
-        results_path = tmp_path / "results.json"
-        codes.append(script.main(["--dry-run", "--work-dir", str(tmp_path), "--json", str(results_path),
-                                  "--checks", *names]))
-        checks.update(json.loads(results_path.read_text())["checks"])
-    assert {name: check.get("error") for name, check in checks.items() if "error" in check} == {}
-    assert codes == [0, 0] and sorted(checks) == sorted(script.CHECKS)
-    assert checks["grpo_bf16"]["rlcode"]["optimizer_steps"] == 1 and checks["grpo_bf16"]["trl"]["optimizer_steps"] == 1
-    assert checks["fp16_mixed"]["precision"] == "bf16-mixed"  # no fp16 autocast on the CPU
-    for name in ("qlora_4bit", "spiral"):
+    others = [name for name in gpu_check.BUDGETS_S if name != "vllm"]
+    common = ["--dry-run", "--work-dir", str(tmp_path)]
+    assert gpu_check.main([*common, "--out", str(tmp_path / "a"), "--checks", *others]) == 0
+    checks = _results(tmp_path / "a")["checks"]
+    # The vLLM check's process imports the stand-in as `vllm` (TRL's process must not: it looks for one).
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "vllm.py").write_text("import sys, vllm_stand_in\nsys.modules[__name__] = vllm_stand_in.module()\n")
+    monkeypatch.setenv("PYTHONPATH", f"{shim}:{TESTS}")
+    assert gpu_check.main([*common, "--out", str(tmp_path / "b"), "--checks", "vllm"]) == 0
+    checks.update(_results(tmp_path / "b")["checks"])
+
+    assert {name: check["status"] for name, check in checks.items()} == dict.fromkeys(gpu_check.BUDGETS_S, "ok")
+    assert checks["platform"]["line"].startswith("platform: CPU") and checks["platform"]["precision"] == "32-true"
+    for name in ("grpo_bf16", "trl_bf16", "fp16_mixed", "qlora_4bit", "spiral"):
         assert checks[name]["optimizer_steps"] == 1, name
-    shared = checks["shared_prefix"]
-    assert shared["max_abs_logp_difference"] < 0.1  # bf16 autocast: rounding only (a wrong pass is off by nats)
+    assert checks["fp16_mixed"]["precision"] == "bf16-mixed"  # no fp16 autocast on the CPU
+    assert checks["shared_prefix"]["max_abs_logp_difference"] < 0.1  # bf16 autocast rounding; a wrong pass is off by nats
     vllm = checks["vllm"]
     assert vllm["smoke"] == "needs CUDA: not run" and vllm["tokens"] > 0
     assert 0 < vllm["importance_weight_min"] <= vllm["importance_weight_mean"] <= 3.0
+    assert (tmp_path / "a" / "gpu_check.log").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_check_past_its_budget_is_reported_and_the_rest_still_run(tmp_path):
+    # 0.2 s cannot hold a check: its process imports torch first (over a second here).
+    code = gpu_check.main(["--dry-run", "--work-dir", str(tmp_path), "--out", str(tmp_path / "a"),
+                           "--checks", "platform", "model", "--budget", "platform=0.2"])
+    checks = _results(tmp_path / "a")["checks"]
+    assert code == 1 and checks["platform"]["status"] == "over_budget" and checks["model"]["status"] == "ok"
+    # The whole run's budget: spent by the first check, the next is not started, and one needing the
+    # model folder is skipped when the model step did not run.
+    code = gpu_check.main(["--dry-run", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "b"),
+                           "--checks", "platform", "model", "shared_prefix", "--total-budget", "0.2"])
+    checks = _results(tmp_path / "b")["checks"]
+    assert code == 1
+    assert [checks[name]["status"] for name in ("platform", "model", "shared_prefix")] == ["over_budget", "not_run", "skipped"]
+
+
+def test_the_p5_figure_compares_rlcode_with_trl_on_the_same_steps():
+    checks = {"grpo_bf16": {"status": "ok", "tokens_per_s": 300.0, "peak_gpu_gb": 10.0},
+              "trl_bf16": {"status": "ok", "tokens_per_s": 100.0, "peak_gpu_gb": 40.0}}
+    assert gpu_check.p5_figure(checks) == {"goal": gpu_check.P5_GOAL, "tokens_per_s_ratio": 3.0,
+                                           "peak_memory_ratio": 0.25, "goal_met": True}
+    checks["trl_bf16"]["peak_gpu_gb"] = 15.0  # 0.67x the memory: the goal asks <= 0.5x
+    assert gpu_check.p5_figure(checks)["goal_met"] is False
+    checks["trl_bf16"] = {"status": "over_budget"}
+    assert gpu_check.p5_figure(checks)["status"] == "not measured"
+
+
+def test_a_budget_for_an_unknown_check_is_one_line():
+    with pytest.raises(SystemExit, match="expected CHECK=SECONDS with CHECK one of platform"):
+        gpu_check.main(["--dry-run", "--budget", "grpo=3"])

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", ".venv-latest", "runs", "lightning_logs", "wandb", "__pycache__", "build"}
+SKIP_DIRS = {".git", ".venv", ".venv-latest", ".venv-vllm-stack", ".venv-device-stack", ".device-wheels", "runs", "lightning_logs", "wandb", "__pycache__", "build"}
 ALLOWED_TO_READ_THE_VENDORED_COPY = {"Makefile", ".ci/run"}
 # Spelled in pieces so this file does not match itself.
 OUTSIDE_REFERENCES = re.compile(
