@@ -42,6 +42,7 @@ from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLoggi
 from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
+from rlcode.training.fsdp_strategy import resolve_strategy  # noqa: E402
 from rlcode.training.learner import Learner  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
@@ -183,6 +184,9 @@ class RLCodeCLI(LightningCLI):
         trainer_config = self._get(self.config_init, "trainer", default={})
         if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
             kwargs["logger"], self.model.run_id = run_loggers(run, self._resume_version, self._resume_step)
+        strategy = resolve_strategy(trainer_config.get("strategy", "auto"))  # "fsdp": rlcode's FSDP2, not FSDP1
+        if strategy is not trainer_config.get("strategy", "auto"):
+            kwargs["strategy"] = strategy
         plugin = _slurm_without_auto_requeue(trainer_config)
         if plugin is not None:
             kwargs["plugins"] = [*(trainer_config.get("plugins") or []), plugin]

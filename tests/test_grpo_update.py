@@ -143,16 +143,20 @@ def test_reference_copy_is_kept_in_the_compute_dtype():
     assert build_module(beta=0.04)._reference.dtype == torch.float32  # built without a trainer: 32-true
 
 
-def test_fsdp_is_refused_with_a_one_line_reason():
-    """FSDP cannot shard this step (generation and several forward/backward pairs
-    run outside the wrapped forward), so it is refused at setup instead of training wrongly."""
+def test_fsdp1_and_tensor_parallelism_are_refused_with_a_one_line_reason():
+    """Lightning's FSDP1 wraps only the forward (a step generates and runs passes outside it) and a
+    tensor-parallel mesh syncs nothing across data: refused at setup, naming rlcode's FSDP2."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.strategies import FSDPStrategy
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
     module = build_module(configure=False)
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
-    with pytest.raises(ValueError, match="FSDPStrategy is not supported.*ddp"):
+    with pytest.raises(ValueError, match="FSDPStrategy \\(FSDP1\\).*--trainer.strategy fsdp"):
+        module.setup("fit")
+    tensor_parallel = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2)
+    module._trainer = SimpleNamespace(strategy=tensor_parallel)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported"):
         module.setup("fit")
 
 

@@ -27,6 +27,7 @@ from rlcode.logprobs.fused_head_logps import fused_head_logps
 from rlcode.logprobs.prefix_tree import PrefixTree, prefix_tree
 from rlcode.logprobs.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
 from rlcode.models.adapters import is_lora_model
+from rlcode.models.sharding import as_forward, gathered
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,16 @@ def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, 
     ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
     16M logits per chunk, see ``fused_head_logps``). ``share_prefix``: run each prompt prefix the
     rows share once (``rlcode.logprobs.shared_prefix``) when that runs fewer tokens than the plain
-    pass and the model supports it; same log-probs and gradients.
+    pass and the model supports it; same log-probs and gradients. A sharded (FSDP2) model runs it as
+    its root's forward (``rlcode.models.sharding.as_forward``): the head's weight whole, its gradients synced.
     """
+    return as_forward(model, _completion_logps, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                      temperature, chunk_size=chunk_size, share_prefix=share_prefix)
+
+
+def _completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                      completion_mask: Tensor, temperature: float, *, chunk_size: int | None,
+                      share_prefix: bool) -> Tensor:
     active = completion_mask.bool()  # [B, C]
     length = completion_ids.size(1)
     head = _fusable_head(model)
@@ -103,9 +112,10 @@ def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: 
                              completion_ids: Tensor, completion_mask: Tensor, temperature: float,
                              micro_batch_size: int, *, chunk_size: int | None = None,
                              share_prefix: bool = False) -> Tensor:
-    """``completion_logps`` without grad, ``micro_batch_size`` rows at a time -> [B, C]."""
+    """``completion_logps`` without grad, ``micro_batch_size`` rows at a time -> [B, C]. A sharded model
+    is gathered once for all of them (no collective per pass: ranks may run different numbers)."""
     rows = []
-    with torch.no_grad():
+    with torch.no_grad(), gathered(model):
         for start in range(0, completion_ids.size(0), micro_batch_size):
             part = slice(start, start + micro_batch_size)
             rows.append(completion_logps(model, prompt_ids[part], prompt_mask[part], completion_ids[part],

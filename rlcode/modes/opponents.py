@@ -38,7 +38,7 @@ class Opponents:
 
     def configure(self, learner: LearnerView) -> None:
         if self.kind == "frozen" and learner.policy is not None:
-            self._frozen = frozen_copy(learner.policy)
+            self._frozen = frozen_copy(learner.policy, getattr(learner, "sharding_plan", None))
 
     def actor(self, learner: LearnerView):
         """The player of the seats the policy does not hold (None in self-play), built once."""

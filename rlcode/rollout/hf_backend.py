@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcode.models.cache_name import cache_argument, output_cache
+from rlcode.models.sharding import gathered
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.kv_cache import preallocate
@@ -75,8 +76,9 @@ class HFGenerateBackend:
         self.model.eval()
         try:
             # no_grad, not inference_mode: inference tensors could not be fed to the loss's
-            # forward pass (embedding backward saves the token ids).
-            with torch.no_grad():
+            # forward pass (embedding backward saves the token ids). A sharded (FSDP2) model is
+            # gathered once for the whole call: no collective per token, so ranks stop when they like.
+            with torch.no_grad(), gathered(self.model):
                 return self._generate(prompts, num_generations, params)
         finally:
             self.model.train(was_training)

@@ -11,19 +11,26 @@ from __future__ import annotations
 import copy
 
 from rlcode.models import is_lora_model, reference_mode
+from rlcode.models.sharding import ShardingPlan, shard_model
 from rlcode.rollout.hf_backend import HFGenerateBackend
 
 
-def frozen_copy(policy):
-    """A frozen deep copy for full fine-tuning; None under LoRA (the adapter-free base serves)."""
-    return None if is_lora_model(policy) else copy.deepcopy(policy).requires_grad_(False).eval()
+def frozen_copy(policy, plan: ShardingPlan | None = None):
+    """A frozen deep copy for full fine-tuning, sharded by ``plan`` under FSDP (taken before the policy
+    is sharded: ``Learner.configure_model`` shards it last); None under LoRA (the adapter-free base serves)."""
+    if is_lora_model(policy):
+        return None
+    frozen = copy.deepcopy(policy).requires_grad_(False).eval()
+    return shard_model(frozen, plan) if plan is not None else frozen
 
 
 def frozen_generator(module, frozen):
     """(rendered prompts, seed) -> one completion each from the starting policy, with ``module``'s
     sampling settings."""
     lora = frozen is None
-    backend = HFGenerateBackend(module.policy if lora else frozen.to(module.device), module.tokenizer)
+    if not lora and getattr(module, "sharding_plan", None) is None:  # a sharded copy lives on its mesh's device
+        frozen = frozen.to(module.device)
+    backend = HFGenerateBackend(module.policy if lora else frozen, module.tokenizer)
 
     def generate(prompts, seed):
         params = module.sampling_params(seed)

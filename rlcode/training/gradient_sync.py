@@ -1,4 +1,4 @@
-"""Gradients under DDP: when they cross ranks, and how their norm is clipped."""
+"""Gradients across ranks: when they cross (DDP), and how their norm is clipped (DDP and FSDP)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,22 @@ from contextlib import nullcontext
 
 
 def no_gradient_sync(strategy):
-    """Accumulate gradients locally (DDP's ``no_sync``); strategies without a sync: nothing to block."""
-    from lightning.pytorch.strategies import ParallelStrategy
+    """Accumulate gradients locally (DDP's ``no_sync``); strategies without a sync: nothing to block.
+    Under FSDP the update turns sync off itself (``rlcode.models.sharding.gathered_for_update``); the
+    strategy's own block is a no-op there."""
+    from lightning.pytorch.strategies import DDPStrategy
 
-    return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else nullcontext()
+    return strategy.block_backward_sync() if isinstance(strategy, DDPStrategy) else nullcontext()
 
 
 def clip_grad_norm(parameters, max_norm: float) -> float:
     """Clip to ``max_norm`` and return the norm before clipping.
 
-    Under DDP every rank holds the whole all-reduced gradient, so the local norm is the global one
-    (FSDP, which shards gradients, is refused by ``Learner.setup``).
+    Under DDP every rank holds the whole all-reduced gradient, so the local norm is the global one.
+    Under FSDP the gradients are shards (DTensors): torch computes the norm over every rank's shard
+    (a collective) and returns it as a DTensor, made whole here.
     """
     import torch
 
-    return float(torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None], max_norm))
+    norm = torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None], max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

@@ -14,11 +14,13 @@ tests of the config surface stay light) and kept on ``self``, outside the hyperp
 off in the policy (as TRL's ``disable_dropout``): the log-probs of the loss must be those of the
 policy that sampled, which generates in eval mode.
 
-Distributed: DDP. Each rank trains on its own prompts (the DataModule shards them), gradients are
-all-reduced once per optimizer update, and the ranks agree, in one all-reduce per step, on the loss
-normalisers, the batch reward std and whether to update (``rlcode.training.all_ranks_totals``), so
-a 2-rank step equals a 1-rank step on the combined batch. FSDP is not supported: the step runs
-several forward/backward pairs and generation outside the wrapped module's forward.
+Distributed: DDP or FSDP2 (``--trainer.strategy fsdp``: ``rlcode.training.fsdp_strategy``). Each rank
+trains on its own prompts (the DataModule shards them), gradients are all-reduced (DDP) or
+reduce-scattered (FSDP) once per optimizer update, and the ranks agree, in one all-reduce per step, on
+the loss normalisers, the batch reward std and whether to update (``rlcode.training.all_ranks_totals``),
+so a 2-rank step equals a 1-rank step on the combined batch. Under FSDP ``configure_model`` shards the
+policy (and the reference, and any frozen copy a mode takes) after loading it
+(``rlcode.models.sharding``).
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
 from rlcode.logprobs.sequence_logps import batched_completion_logps
 from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer, reference_mode
 from rlcode.models.adapters import LoraSettings, Quantization
+from rlcode.models.sharding import (ShardingPlan, broadcast_from_rank_zero, is_sharded, precision_policy, reshard,
+                                    shard_model)
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
 from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
+from rlcode.training.fsdp_strategy import sharding_refusal
 from rlcode.training.gradient_sync import clip_grad_norm, no_gradient_sync
 from rlcode.training.mode import Mode
 from rlcode.training.optimizer_steps import count_step_without_update, update
@@ -160,6 +164,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self.last_grad_norm: float | None = None
         self.history = RunHistory()  # every step's scalars, evals, how the run ended: what callbacks show
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
+        self.sharding_plan: ShardingPlan | None = None  # FSDP: set in configure_model
         self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
 
     from_pretrained_model = classmethod(from_pretrained_model)  # Learner.from_pretrained_model(model, tokenizer, mode=...)
@@ -178,6 +183,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
             self.policy = load_model(hp.model_name, precision=hp.precision, quantization=hp.quantization,
                                      gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
+        self.sharding_plan = self._sharding_plan()  # before any copy: frozen copies are sharded alike
+        if self.sharding_plan is not None:  # every rank shards rank 0's weights (LoRA's start at random)
+            broadcast_from_rank_zero(self.policy, self.sharding_plan)
         if hp.disable_dropout:
             disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
@@ -193,6 +201,19 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
                                      vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai)
         self.mode.configure(self)  # e.g. a frozen copy of the starting policy to play against
+        if self.sharding_plan is not None:  # in place, after every copy was taken from the whole policy
+            shard_model(self.policy, self.sharding_plan)
+            if self._reference is not None:
+                shard_model(self._reference, self.sharding_plan)
+
+    def _sharding_plan(self) -> ShardingPlan | None:
+        """FSDP's plan when the strategy built a device mesh (``FSDP2Strategy``), else None."""
+        mesh = self._device_mesh
+        if mesh is None:
+            return None
+        names = mesh.mesh_dim_names or ()
+        param_dtype, reduce_dtype = precision_policy(self._training_precision())
+        return ShardingPlan(mesh["data_parallel"] if "data_parallel" in names else mesh, param_dtype, reduce_dtype)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)  # ExactResume: the mode's state now, RNG at the first step
@@ -200,10 +221,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self._weights_changed()  # validate/test with a checkpoint, resume, eval before the first step
 
     def setup(self, stage: str) -> None:
-        if isinstance(self.trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
-            raise ValueError(f"{type(self.trainer.strategy).__name__} is not supported: a training step generates and "
-                             "runs several forward/backward passes outside the wrapped forward; use "
-                             "trainer.strategy ddp (or auto) for several GPUs")
+        refusal = sharding_refusal(self.trainer.strategy)
+        if refusal is not None:
+            raise ValueError(refusal)
         if self.datamodule() is not None:
             self.mode.check_data(self.datamodule())
         self.mode.setup(self, stage)
@@ -216,12 +236,13 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         if reason is not None and not self.hparams.dry_run:  # one line from `rlcode fit`, no traceback
             raise ServedModelError(f"rollout_backend openai cannot train here: {reason}. Use --model.dry_run true "
                                    "(rollouts and rewards only), or rollout_backend hf or vllm to train")
-        if self._reference is not None:
+        if self._reference is not None and not is_sharded(self._reference):  # a sharded one is where its mesh is
             self._reference.to(self.device)
 
     def configure_optimizers(self):
         if self.policy is None:  # a served dry run holds no weights; Lightning still counts steps on an optimizer
             return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=self.hparams.learning_rate)
+        reshard(self.policy)  # FSDP: the shards, not a gathered copy left by a pass without gradients
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 

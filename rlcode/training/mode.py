@@ -76,6 +76,8 @@ class LearnerView(Protocol):
     tokenizer: Any
     trainer: Any
     """Lightning's trainer: evaluation steps read the size of their loop from it."""
+    sharding_plan: Any
+    """FSDP's ``rlcode.models.sharding.ShardingPlan`` (None unsharded): a frozen copy is sharded alike."""
 
     def render(self, prompt) -> str:
         """Chat messages or plain text -> what the backend encodes."""

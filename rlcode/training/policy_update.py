@@ -4,6 +4,13 @@ Shared by every mode: rows are micro-batched, each micro-batch's loss is its sha
 loss (``LossTotals``), gradients are all-reduced once per update under DDP, and one step is counted
 however many updates it makes. Everything it uses is passed in: the loss settings
 (``UpdateSettings``) and the trainer's hooks (``TrainerHooks``: backward, no-sync, optimizer step).
+
+Under FSDP (a sharded policy) every rank must run the same collectives in the same order, but the
+passes of a step are data-dependent: ranks train different numbers of micro-batches, and the
+shared-prefix pass runs one decoder call per prompt-tree level. So an update runs with the policy
+gathered once and gradient sync off (no collective in any real pass, gradients accumulated unsharded
+in fp32), then one pass of fixed shape on every rank, zero-weighted, with sync on: the single point
+where each group's accumulated gradient is reduce-scattered (``_sync_sharded_gradients``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import torch
 from rlcode.algorithms.importance_correction import corrected_advantages, truncated_importance_weights, weight_metrics
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
+from rlcode.models.sharding import gathered_for_update, is_sharded
 
 if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
@@ -82,31 +90,35 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     weights = torch.ones_like(loss_mask, dtype=torch.float32) \
         if rollout.sampling_logps is not None and cap is not None else None
     parts_sum: dict[str, Any] = {}
+    sharded = is_sharded(policy)
     for iteration in range(hp.num_iterations):
-        for position, index in enumerate(micro_batches):
-            logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
-                                     rollout.completion_ids[index], rollout.completion_mask[index],
-                                     hp.temperature, share_prefix=hp.share_prefix)
-            if iteration == 0 and old_logps is not None:
-                old_logps[index] = logps.detach()
-            if iteration == 0 and weights is not None:
-                weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
-                                                              loss_mask[index], cap)
-            row_advantages = advantages[index] if weights is None else \
-                corrected_advantages(advantages[index], weights[index])  # [b] or [b, T]
-            loss, parts = policy_loss(
-                logps, row_advantages, loss_mask[index],
-                None if iteration == 0 else old_logps[index],
-                None if ref_logps is None else ref_logps[index],
-                loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
-                beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                max_completion_length=hp.max_completion_length, totals=totals)
-            last = position == len(micro_batches) - 1
-            scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
-            with nullcontext() if last else hooks.no_sync():
-                hooks.backward(loss * scale)
-            if contributes:
-                _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
+        with gathered_for_update(policy):  # sharded: gathered once, gradient sync off; else nothing
+            for position, index in enumerate(micro_batches):
+                logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
+                                         rollout.completion_ids[index], rollout.completion_mask[index],
+                                         hp.temperature, share_prefix=hp.share_prefix)
+                if iteration == 0 and old_logps is not None:
+                    old_logps[index] = logps.detach()
+                if iteration == 0 and weights is not None:
+                    weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
+                                                                  loss_mask[index], cap)
+                row_advantages = advantages[index] if weights is None else \
+                    corrected_advantages(advantages[index], weights[index])  # [b] or [b, T]
+                loss, parts = policy_loss(
+                    logps, row_advantages, loss_mask[index],
+                    None if iteration == 0 else old_logps[index],
+                    None if ref_logps is None else ref_logps[index],
+                    loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
+                    beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
+                    max_completion_length=hp.max_completion_length, totals=totals)
+                last = position == len(micro_batches) - 1 and not sharded  # sharded: the sync pass syncs
+                scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
+                with nullcontext() if last else hooks.no_sync():
+                    hooks.backward(loss * scale)
+                if contributes:
+                    _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
+            if sharded:
+                _sync_sharded_gradients(policy, hooks, hp, rollout)
         hooks.step(iteration == hp.num_iterations - 1)
     if not contributes:
         return {}
@@ -117,6 +129,19 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     if weights is not None:
         parts.update(weight_metrics(weights[rows], loss_mask[rows], cap))
     return parts
+
+
+def _sync_sharded_gradients(policy, hooks: TrainerHooks, hp: UpdateSettings, rollout) -> None:
+    """The one pass with gradient sync on, the same shape on every rank (one row of one prompt and one
+    completion token, the plain pass), weighted 0: each group's post-backward reduce-scatters what the
+    update accumulated, and the root's final callback those of groups this pass gave no gradient."""
+    from rlcode.models.sharding import gradient_sync
+
+    dummy, _, _, _ = _dummy_row(rollout, rollout.completion_mask)
+    with gradient_sync(policy):
+        logps = completion_logps(policy, dummy.prompt_ids, dummy.prompt_mask, dummy.completion_ids,
+                                 dummy.completion_mask, hp.temperature, share_prefix=False)
+        hooks.backward(logps.sum() * 0.0)
 
 def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
     """Add detached 0-d tensors on the device: no host sync per micro-batch."""
