@@ -23,6 +23,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from rlcode.models import is_lora_model, load_model, weight_dtype
+from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint, load_whole_checkpoint
 from rlcode.training.learner import Learner
 from rlcode.training.mode import Mode
 # Settings that build things export never uses: a vLLM engine or a server client instead of the
@@ -69,14 +70,13 @@ def export(ckpt: str | Path, out: str | Path, *, merge: bool = False) -> Path:
 
 def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
     path = Path(ckpt)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded_checkpoint(path):
         raise ExportError(f"{ckpt} is a folder: pass the .ckpt file in it, e.g. {path}/checkpoints/last.ckpt")
-    if not path.is_file():
+    if not path.exists():
         raise ExportError(f"no checkpoint at {ckpt}: pass a .ckpt file, "
                           "e.g. runs/<exp>/version_0/checkpoints/last.ckpt")
     try:
-        # Not weights_only: the hyperparameters hold rlcode's settings objects (LoraSettings, ...).
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = load_whole_checkpoint(path)  # a sharded (FSDP) folder's shards joined
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, ModuleNotFoundError) as error:
         first_line = (str(error).splitlines() or [""])[0]
         raise ExportError(f"{ckpt} is not a checkpoint torch can read ({type(error).__name__}: {first_line}): "

@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from rlcode.run_dir.checkpoint_file import checkpoint_metadata
 from rlcode.run_dir.identity import read_run, slurm_job_id
 
 
 def checkpoint_step(path: str | Path) -> int:
-    """The checkpoint's global step, without reading its tensors (memory-mapped)."""
-    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("global_step", 0))
+    """The checkpoint's global step, without reading its tensors (a file or a sharded folder)."""
+    return int(checkpoint_metadata(path).get("global_step", 0))
 
 
 def trim_rollouts(run_dir: str | Path, resume_step: int) -> None:

@@ -1,0 +1,39 @@
+"""A checkpoint on disk: one ``.ckpt`` file (DDP, one device), or a folder of shards (FSDP: torch
+distributed checkpoint, every rank's slice, with Lightning's ``meta.pt`` beside them holding
+everything but weights and optimizer states). Both are read here, so the rest of rlcode takes a
+checkpoint path without asking which it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METADATA_FILENAME = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / METADATA_FILENAME).is_file()
+
+
+def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's step, hyperparameters, loops and callbacks' states, without its tensors' data
+    (a file is memory-mapped; a sharded folder's ``meta.pt`` holds no weights)."""
+    path = Path(path)
+    if is_sharded_checkpoint(path):
+        return torch.load(path / METADATA_FILENAME, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+
+
+def load_whole_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The whole checkpoint in one process, as a single-device run writes it: a sharded folder's
+    shards joined into full tensors (it must fit in CPU memory)."""
+    path = Path(path)
+    if is_sharded_checkpoint(path):
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+        return _load_distributed_checkpoint(path)
+    # Not weights_only: the hyperparameters hold rlcode's settings objects (LoraSettings, ...).
+    return torch.load(path, map_location="cpu", weights_only=False)
