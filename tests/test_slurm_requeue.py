@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_ID = "4242"
@@ -46,7 +45,7 @@ def fake_slurm(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def sbatch_step(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def sbatch_step(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     """What slurm/grpo.sbatch runs in each task (srun ... rlcode fit --config ... --ckpt_path last)."""
     command = [sys.executable, "-m", "rlcode.cli", "fit",
                "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
@@ -54,33 +53,39 @@ def sbatch_step(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProc
                "--model.mode.rewards", "['test_slurm_requeue:length_reward_then_sigusr1']", "--model.learning_rate", "1e-3",
                "--eval.at_start", "false", "--eval.at_end", "false", "--checkpoint.every_n_train_steps", "0",
                "--data.num_train_tasks", "8", "--data.prompts_per_step", "2",  # 4 steps = one epoch
-               "--ckpt_path", "last"]
+               "--ckpt_path", "last", *extra]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
-def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_path):
+@pytest.mark.parametrize("strategy", ["auto", "fsdp"])
+def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_path, strategy):
     """Before, Lightning's auto-requeue handled SIGUSR1 (a checkpoint saved mid-step,
-    hpc_ckpt_*.ckpt, that skips a batch on resume), and the requeued job could pick another run."""
+    hpc_ckpt_*.ckpt, that skips a batch on resume), and the requeued job could pick another run.
+    Under FSDP (one SLURM task here) the checkpoint is a sharded folder."""
+    from rlcode.run_dir import checkpoint_metadata
+
     other = tmp_path / "runs/tiny/version_0"  # a run of another job: must not be resumed
     (other / "checkpoints").mkdir(parents=True)
     (other / "checkpoints/last.ckpt").write_text("not a checkpoint of this job")
     (other / "run.json").write_text(json.dumps({"run_id": "otherjob0000", "slurm_job_id": "1111"}))
     env = fake_slurm(tmp_path)
 
-    first = sbatch_step(tmp_path, env)
+    extra = ["--trainer.strategy", strategy]
+    first = sbatch_step(tmp_path, env, *extra)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "starting fresh" in first.stderr
     run = tmp_path / "runs/tiny/version_1"
     assert (tmp_path / "scontrol.log").read_text().split("\n")[:-1] == [f"requeue {JOB_ID}"]
-    saved = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    saved = checkpoint_metadata(run / "checkpoints/last.ckpt")
     assert saved["global_step"] == 2, "step 1 was finished before saving"
+    assert (run / "checkpoints/last.ckpt").is_dir() == (strategy == "fsdp")
     assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt")), "Lightning's mid-step auto-requeue must be off"
     assert "stopped by SIGUSR1 at step 2 of 4" in first.stdout
     record = json.loads((run / "run.json").read_text())
     assert record["slurm_job_id"] == JOB_ID
 
-    requeued = sbatch_step(tmp_path, {**env, "SLURM_RESTART_COUNT": "1"})
+    requeued = sbatch_step(tmp_path, {**env, "SLURM_RESTART_COUNT": "1"}, *extra)
     assert requeued.returncode == 0, requeued.stderr[-4000:]
     assert f"resuming from {run}/checkpoints/last.ckpt" in requeued.stderr
     assert not (tmp_path / "runs/tiny/version_2").exists(), "the requeued job continues in its run directory"
