@@ -11,7 +11,9 @@ parameters):
    (``broadcast_from_rank_zero``, ``shard_model`` on a 1-D CPU mesh; the update's pass inside
    ``gathered_for_update`` then one zero-weighted pass in ``gradient_sync`` that reduce-scatters, as
    ``rlcode.training.policy_update`` runs it). DDP's gradient buckets (about one more copy of the
-   parameters) are not counted: they show in the peak RSS, given per rank as a second figure;
+   parameters) are not counted. Second figures, per rank: the RSS after the step (after
+   ``malloc_trim``: what the process still holds, imports included) and the peak RSS (which under
+   FSDP includes the whole model built before sharding, as rlcode loads it, and the gathered update);
 2. the extra memory rlcode's update holds while gathered: inside ``gathered_for_update`` after the
    backward, the storage of the whole (unsharded) parameters and their unsharded fp32 gradients;
 3. FSDP all-gathers per generated token on 2 ranks (``foreach_all_gather`` of FSDP's param-group
@@ -53,7 +55,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rss_mb() -> float:
+def _rss_mb(trim: bool = False) -> float:
+    if trim:  # hand the allocator's freed pages back first (glibc keeps them): what is still held
+        import ctypes
+        import gc
+
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
 
@@ -129,7 +137,7 @@ def _train_worker(rank: int, world: int, port: int, mode: str, out: str) -> None
                 (model(input_ids=ids[:1, :1]).logits.sum() * 0.0).backward()
     optimizer.step()
     result["state"] = _state_bytes(model, optimizer)
-    result["rss_before_model_mb"], result["rss_after_step_mb"] = rss_before, _rss_mb()
+    result["rss_before_model_mb"], result["rss_after_step_mb"] = rss_before, _rss_mb(trim=True)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(out, f"{mode}_{world}_{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -223,13 +231,14 @@ def main() -> None:
     base = {r["ranks"]: r["state_mb_max"] for r in rows if r["mode"] == "fsdp"}
     print(f"\nQwen2 {n_params / 1e6:.1f}M params float32 ({n_params * 4 / MB:.1f} MB), one AdamW step, per rank:")
     print(f"{'ranks':>5} | {'DDP state MB':>12} | {'FSDP state MB':>13} | {'FSDP x1':>7} | {'gathered extra MB':>17} | "
-          f"{'DDP peak RSS':>12} | {'FSDP peak RSS':>13}")
+          f"RSS after step MB DDP / FSDP | peak RSS MB DDP / FSDP")
     for world in args.ranks:
         ddp, fsdp = (next(r for r in rows if r["mode"] == m and r["ranks"] == world) for m in ("ddp", "fsdp"))
         ratio = fsdp["state_mb_max"] / base[args.ranks[0]] if args.ranks[0] == 1 else float("nan")
         table.append(f"{world:>5} | {ddp['state_mb_max']:>12.1f} | {fsdp['state_mb_max']:>13.1f} | {ratio:>7.3f} | "
-                     f"{fsdp['gathered_extra_mb']:>17.1f} | {ddp['peak_rss_mb_max']:>12.0f} | "
-                     f"{fsdp['peak_rss_mb_max']:>13.0f}")
+                     f"{fsdp['gathered_extra_mb']:>17.1f} | {ddp['rss_after_step_mb_max']:>15.0f} / "
+                     f"{fsdp['rss_after_step_mb_max']:<10.0f} | {ddp['peak_rss_mb_max']:>11.0f} / "
+                     f"{fsdp['peak_rss_mb_max']:.0f}")
     print("\n".join(table))
     print(f"\nall-gathers per generated token, 2 ranks, {args.new_tokens} greedy tokens:")
     for name in ("plain", "gathered"):
