@@ -165,3 +165,33 @@ def profile_for(info: PlatformInfo) -> dict:
     """The settings this platform's profile chooses, as config keys (empty on CPU)."""
     kind = profile_kind(info)
     return dict(_PROFILES[kind]) if kind else {}
+
+
+# ---- sharding: DDP or FSDP on several GPUs -----------------------------------------------------------------
+# A full fine-tune keeps, per parameter, an fp32 master weight, its fp32 gradient and AdamW's two fp32
+# moments (bf16-mixed keeps fp32 weights and computes in bf16). Under LoRA the base is frozen (no
+# gradient, no optimizer state; fp32 weights, or 0.5 / 1 byte quantized) and the adapters are small.
+BYTES_PER_TRAINED_PARAMETER = 16
+BYTES_PER_FROZEN_PARAMETER = {None: 4, "4bit": 0.5, "8bit": 1}
+# The share of one GPU the training state may fill before DDP stops fitting: the rest holds the
+# activations of a micro-batch, generation's KV cache, the reference and the allocator's slack.
+STATE_SHARE = 0.6
+
+
+def training_state_bytes(parameters: int, lora: bool = False, quantization: str | None = None) -> int:
+    """Weights + gradients + AdamW state of one unsharded copy of a model of ``parameters``."""
+    if lora:
+        return int(parameters * BYTES_PER_FROZEN_PARAMETER.get(quantization, 4))
+    return parameters * BYTES_PER_TRAINED_PARAMETER
+
+
+def sharding_choice(info: PlatformInfo, state_bytes: int) -> tuple[str, str] | None:
+    """("ddp" or "fsdp", why) on several GPUs: FSDP when one copy of the training state does not fit in
+    ``STATE_SHARE`` of one GPU; None on one GPU or the CPU (nothing to choose)."""
+    if info.device_type != "cuda" or info.gpu_count < 2 or not info.gpu_memory_bytes:
+        return None
+    share = STATE_SHARE * info.gpu_memory_bytes
+    sizes = f"training state {state_bytes / 2**30:.1f} GiB, {STATE_SHARE:.0%} of one GPU {share / 2**30:.1f} GiB"
+    if state_bytes > share:
+        return "fsdp", f"{sizes}: sharded over {info.gpu_count} GPUs"
+    return "ddp", f"{sizes}: a whole copy per GPU fits"

@@ -5,6 +5,10 @@ however it compares with the profile. Which keys the user set is read from a fir
 defaults; the profile's other keys are then appended to the command line as ``--key=value``, so the
 real parse types and validates them like the user's own arguments and ``--print_config`` shows them.
 ``--run.platform_profile off`` applies none.
+
+On several GPUs the profile also picks ``trainer.strategy``: FSDP when one copy of the model's training
+state (from its parameter count, read off its config on the meta device) does not fit in a share of
+one GPU, DDP otherwise (``rlcode.platform.sharding_choice``); the platform line says which and why.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ class ProfileChoice:
     chosen: dict = field(default_factory=dict)
     kept: dict = field(default_factory=dict)
     switched_off: bool = False
+    reasons: dict = field(default_factory=dict)  # why a chosen value (the strategy's sizes)
 
     def describe(self) -> str:
         """The platform line's part about the profile: every chosen value and how to override it."""
         if self.switched_off:
             return f"{self.label} profile off ({_SWITCH} off)"
-        chosen = ", ".join(f"{key}={_text(value)}" for key, value in self.chosen.items()) or "nothing"
+        chosen = ", ".join(f"{key}={_text(value)}" + (f" ({self.reasons[key]})" if key in self.reasons else "")
+                           for key, value in self.chosen.items()) or "nothing"
         text = f"{self.label} profile: {chosen}"
         if self.kept:
             text += "; from the config: " + ", ".join(f"{key}={_text(value)}" for key, value in self.kept.items())
@@ -58,6 +64,9 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
     if user.get(_SWITCH, True) is False:
         return args, ProfileChoice(label, switched_off=True)
     choice = ProfileChoice(label)
+    sharding = _sharding(info, user)
+    if sharding is not None:
+        profile["trainer.strategy"], choice.reasons["trainer.strategy"] = sharding
     for key, value in profile.items():
         if key.startswith("model.vllm.") and user.get("model.rollout_backend") != "vllm":
             continue  # the engine's settings matter with rollout_backend vllm only (default: hf)
@@ -65,7 +74,23 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
             choice.kept[key] = _value_of(key, user)
         else:
             choice.chosen[key] = value
-    return argv + [f"--{key}={json.dumps(value)}" for key, value in choice.chosen.items()], choice
+    return argv + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}"  # a quoted string stays quoted
+                   for key, value in choice.chosen.items()], choice
+
+
+def _sharding(info, user: dict) -> tuple[str, str] | None:
+    """DDP or FSDP for the configured model on several GPUs (None: one GPU, or its size unknown here)."""
+    if info.gpu_count < 2:
+        return None
+    from rlcode.models.aliases import SMOLLM2_ALIAS
+    from rlcode.models.loading import parameter_count
+
+    parameters = parameter_count(user.get("model.model_name") or SMOLLM2_ALIAS)  # the Learner's default model
+    if parameters is None:
+        return None
+    state = platform.training_state_bytes(parameters, lora=user.get("model.lora") is not None,
+                                          quantization=user.get("model.quantization"))
+    return platform.sharding_choice(info, state)
 
 
 def user_settings(parser, argv: list[str]) -> dict:

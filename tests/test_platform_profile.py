@@ -227,3 +227,67 @@ def test_every_config_parses_with_the_profile_and_keeps_its_own_values(monkeypat
             assert merged[key] == own[key], key
         elif not key.startswith("model.vllm."):  # no config here uses the vllm backend
             assert merged[key] == value, key
+
+
+# ---- the strategy on several GPUs: DDP when a copy of the training state fits a GPU's share, else FSDP ----
+
+def gpus(count: int, info: PlatformInfo) -> PlatformInfo:
+    return PlatformInfo(**{**info.__dict__, "gpu_count": count})
+
+
+@pytest.mark.parametrize("info, parameters, lora, expected", [
+    (gpus(8, H100), 7_600_000_000, False, "fsdp"),    # 7.6B x 16 B = 113 GiB > 0.6 x 79 GiB
+    (gpus(8, H100), 1_540_000_000, False, "ddp"),     # 1.5B x 16 B = 23 GiB fits
+    (gpus(8, H100), 7_600_000_000, True, "ddp"),      # LoRA: 7.6B frozen fp32 weights, 28 GiB
+    (gpus(4, V100_32), 1_540_000_000, False, "fsdp"),  # 23 GiB > 0.6 x 31.7 GiB
+    (H100, 7_600_000_000, False, None),               # one GPU: nothing to choose
+    (PlatformInfo(cpu_count=8), 7_600_000_000, False, None),
+])
+def test_the_strategy_follows_the_training_state_and_the_gpu(info, parameters, lora, expected):
+    from rlcode.platform import sharding_choice, training_state_bytes
+
+    choice = sharding_choice(info, training_state_bytes(parameters, lora=lora))
+    assert (choice and choice[0]) == expected
+
+
+def _model_folder(tmp_path: Path, **shape) -> Path:
+    """A config.json alone: the choice reads the parameter count off the config (meta device), no weights."""
+    from transformers import Qwen2Config
+
+    folder = tmp_path / "model"
+    Qwen2Config(**shape).save_pretrained(folder)
+    return folder
+
+
+QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                 num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+
+
+def test_several_gpus_pick_fsdp_for_a_model_that_does_not_fit_and_say_why(monkeypatch, capsys, tmp_path):
+    from rlcode.data.datamodule import MBPPDataModule
+    from rlcode.training.fsdp_strategy import FSDP2Strategy
+    from rlcode.training.learner import Learner
+
+    _fake_gpu(monkeypatch, gpus(8, H100))
+    folder = _model_folder(tmp_path, **QWEN25_7B)
+    assert _print_config(capsys, "--config", str(RECIPE), "--model.model_name", str(folder))["trainer"]["strategy"] == "fsdp"
+    built = cli.RLCodeCLI(Learner, MBPPDataModule, subclass_mode_model=False, subclass_mode_data=True, run=False,
+                          auto_configure_optimizers=False,
+                          args=["--config", str(RECIPE), "--model.model_name", str(folder), "--trainer.accelerator", "cpu",
+                                "--trainer.devices", "1"])
+    assert isinstance(built.trainer.strategy, FSDP2Strategy)  # the word "fsdp" is rlcode's FSDP2, not Lightning's FSDP1
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("platform: "))
+    # Qwen2.5-7B's 7.62B parameters x 16 bytes = 113.5 GiB; 0.6 of the H100's 79.1 GiB = 47.5 GiB
+    assert "trainer.strategy=fsdp (training state 113.5 GiB, 60% of one GPU 47.5 GiB: sharded over 8 GPUs)" in line, line
+
+
+def test_several_gpus_keep_ddp_for_a_model_that_fits_and_a_strategy_the_user_set(monkeypatch, capsys, tmp_path):
+    _fake_gpu(monkeypatch, gpus(8, H100))
+    small = _model_folder(tmp_path, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=512)
+    assert _print_config(capsys, "--config", str(RECIPE), "--model.model_name", str(small))["trainer"]["strategy"] == "ddp"
+    big = _model_folder(tmp_path / "big", **QWEN25_7B)
+    kept = _print_config(capsys, "--config", str(RECIPE), "--model.model_name", str(big), "--trainer.strategy", "ddp")
+    assert kept["trainer"]["strategy"] == "ddp"
+    _fake_gpu(monkeypatch, H100)  # one GPU: the recipe's own (auto)
+    assert _print_config(capsys, "--config", str(RECIPE), "--model.model_name", str(big))["trainer"]["strategy"] == "auto"

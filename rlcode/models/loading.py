@@ -170,3 +170,18 @@ def _report_offline_once(reason: str) -> None:
     if not _offline_reported:
         _offline_reported = True
         log.warning("Hugging Face Hub unavailable (%s): only local folders and cached models load.", reason)
+
+
+def parameter_count(name_or_path: str, *, trust_remote_code: bool = False) -> int | None:
+    """The model's parameter count from its config alone (built on the meta device: no weights read,
+    no memory), or None when its config cannot be read here (offline, not cached)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_source(name_or_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return sum(parameter.numel() for parameter in model.parameters())
