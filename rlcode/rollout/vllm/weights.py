@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from rlcode.models.sharding import full_tensor
+
 # Inserted by wrappers around modules, absent from checkpoint names.
 _WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _PEFT_PREFIX = "base_model.model."
@@ -131,7 +133,8 @@ def streamed_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 
     Yields detached tensors; a merged one is a fresh tensor, any other is the parameter itself,
     so nothing is copied but the one layer being merged. The policy is not modified. With the
-    adapters switched off it yields the base (nothing merged).
+    adapters switched off it yields the base (nothing merged). A sharded (FSDP) policy's tensors are
+    gathered one at a time (``full_tensor``: a collective, so every rank streams in the same order).
     """
     check_servable(model)
     with torch.no_grad():
@@ -141,9 +144,9 @@ def streamed_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
             make_merged = merged_by_parameter.get(id(parameter))
             if make_merged is None:
                 _check_not_quantized(name, parameter)
-                yield target, parameter.detach()
+                yield target, full_tensor(parameter.detach())
             else:
-                yield target, make_merged()
+                yield target, full_tensor(make_merged())
 
 
 def _merged_tensor_makers(model, active: list[str]) -> dict[int, Callable[[], torch.Tensor]]:
