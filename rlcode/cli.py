@@ -42,7 +42,7 @@ from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLoggi
 from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
-from rlcode.training.fsdp_strategy import resolve_strategy  # noqa: E402
+from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
 from rlcode.training.learner import Learner  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
@@ -224,6 +224,9 @@ def _choose_precision(config, profile=None) -> None:
     how = "from the config"
     if chosen is None:
         chosen, how = platform.default_precision(info), "chosen for this hardware"
+        if chosen == "16-mixed" and str(config["trainer"].get("strategy")).lower() in STRATEGY_WORDS:
+            # FSDP2 under Lightning does no fp16 loss scaling (rlcode.models.sharding.precision_policy)
+            chosen, how = "32-true", "chosen for FSDP on a GPU without bf16"
         config["trainer"]["precision"] = chosen
         model = config.get("model") or {}
         if "precision" in model:

@@ -291,3 +291,25 @@ def test_several_gpus_keep_ddp_for_a_model_that_fits_and_a_strategy_the_user_set
     assert kept["trainer"]["strategy"] == "ddp"
     _fake_gpu(monkeypatch, H100)  # one GPU: the recipe's own (auto)
     assert _print_config(capsys, "--config", str(RECIPE), "--model.model_name", str(big))["trainer"]["strategy"] == "auto"
+
+
+def test_fsdp_on_gpus_without_bf16_trains_in_32_true(monkeypatch, capsys, tmp_path):
+    """16-mixed (the V100 choice) needs loss scaling that FSDP2 does not do under Lightning: with FSDP
+    (picked, or set) the automatic precision is 32-true there, and a 16-mixed set by hand is refused."""
+    from rlcode.data.datamodule import MBPPDataModule
+    from rlcode.models.sharding import precision_policy
+    from rlcode.training.learner import Learner
+
+    _fake_gpu(monkeypatch, gpus(4, V100_32))
+    big = _model_folder(tmp_path, **QWEN25_7B)
+    for strategy, precision in ((None, "32-true"), ("ddp", "16-mixed")):
+        chosen = ["--trainer.strategy", strategy] if strategy else []
+        built = cli.RLCodeCLI(Learner, MBPPDataModule, subclass_mode_model=False, subclass_mode_data=True, run=False,
+                              auto_configure_optimizers=False,
+                              args=["--config", str(RECIPE), "--model.model_name", str(big), "--trainer.accelerator",
+                                    "cpu", "--trainer.devices", "1", *chosen])
+        assert built.config["trainer"]["precision"] == precision, strategy
+    line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("platform: ")][0]
+    assert "precision 32-true (chosen for FSDP on a GPU without bf16)" in line and "trainer.strategy=fsdp" in line
+    with pytest.raises(ValueError, match="FSDP does not train in 16-mixed.*32-true"):
+        precision_policy("16-mixed")
