@@ -54,6 +54,7 @@ import rlcode.platform as platform  # noqa: E402  (module access: tests fake det
 from rlcode.platform_profile import with_profile  # noqa: E402
 from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
                             run_loggers, version_of)
+from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint, joined_checkpoint_file  # noqa: E402
 from rlcode.run_dir.loggers import reachable, say_once  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
@@ -171,6 +172,7 @@ class RLCodeCLI(LightningCLI):
             config["ckpt_path"], version = find_last_checkpoint(config["run"])
         else:
             version = version_of(config.get("ckpt_path"), config["run"])
+        config["ckpt_path"] = _readable_by_the_strategy(config.get("ckpt_path"), self.subcommand, config["trainer"])
         if self.subcommand == "fit":
             self._resume_version = version  # keep writing into the interrupted run's directory
             self._resume_step = resumed_step(config["ckpt_path"], config["run"], version)
@@ -233,6 +235,26 @@ def _choose_precision(config, profile=None) -> None:
             model["precision"] = _weight_precision(chosen)
     profile_text = f"; {profile.describe()}" if profile is not None else ""
     print(f"platform: {info.describe()}; precision {chosen} ({how}){profile_text}", flush=True)
+
+
+def _readable_by_the_strategy(ckpt_path, subcommand: str | None, trainer_config) -> str | None:
+    """A sharded (FSDP) checkpoint for a run without FSDP: validate / test read its shards joined into
+    one temporary file; fit refuses (its optimizer state is sharded: resume it with FSDP)."""
+    sharded_run = str(trainer_config.get("strategy")).lower() in STRATEGY_WORDS
+    if not ckpt_path or sharded_run or not is_sharded_checkpoint(ckpt_path):
+        return ckpt_path
+    if subcommand == "fit":
+        raise cli_errors.UserError(f"--ckpt_path {ckpt_path} is a sharded (FSDP) checkpoint\n"
+                                   "  Resume it with --trainer.strategy fsdp, or export it (rlcode export) and start "
+                                   "a new run from the exported folder")
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="rlcode-joined-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    print(f"{ckpt_path} is sharded (FSDP): joining its shards into {folder} for this run", flush=True)
+    return str(joined_checkpoint_file(ckpt_path, folder))
 
 
 def _weight_precision(precision) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlcode.cli_errors import UserError, did_you_mean
 from rlcode.models.aliases import MODEL_ALIASES
 from rlcode.rewards.factory import check_reward_names
+from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint
 
 
 def check_before_building(config) -> None:
@@ -32,7 +33,7 @@ def check_ckpt_path(ckpt_path: str | None, run) -> None:
     if not ckpt_path or special or "://" in str(ckpt_path):  # Lightning's keywords, remote files
         return
     path = Path(ckpt_path)
-    if path.is_file():
+    if path.is_file() or is_sharded_checkpoint(path):  # a file, or FSDP's folder of shards
         return
     folder = Path(run["root_dir"]) / run["experiment"]
     found = sorted(folder.glob("version_*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)

@@ -105,7 +105,7 @@ def test_a_stopped_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path, st
     assert all(torch.equal(ours[key], theirs[key]) for key in ours), "same parameters at step n, bit for bit"
 
 
-def test_export_of_a_sharded_checkpoint_decodes_what_the_trained_policy_did(tmp_path):
+def test_a_sharded_checkpoint_exports_validates_and_refuses_a_resume_without_fsdp(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     trained = run(tmp_path / "run")
@@ -121,6 +121,18 @@ def test_export_of_a_sharded_checkpoint_decodes_what_the_trained_policy_did(tmp_
     decoded = output[0, inputs["input_ids"].size(1):].tolist()
     trained_ids = json.loads((tmp_path / "run" / "greedy.json").read_text())
     assert decoded[:len(trained_ids)] == trained_ids and trained_ids
+
+    # rlcode validate without FSDP reads the shards joined; fit refuses to resume them without FSDP
+    ckpt = str(tmp_path / "run/tiny/version_0/checkpoints/last.ckpt")
+    common = [sys.executable, "-m", "rlcode.cli", "validate", *arguments(tmp_path / "run")[1:], "--ckpt_path", ckpt]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}  # the test's reward
+    validated = subprocess.run(common, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert validated.returncode == 0 and "is sharded (FSDP): joining its shards" in validated.stdout, \
+        validated.stdout[-2000:] + validated.stderr[-2000:]
+    refused = subprocess.run([*common[:3], "fit", *common[4:]], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "is a sharded (FSDP) checkpoint" in refused.stderr, refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) <= 3, refused.stderr
 
 
 if __name__ == "__main__":

@@ -37,3 +37,10 @@ def load_whole_checkpoint(path: str | Path) -> dict[str, Any]:
         return _load_distributed_checkpoint(path)
     # Not weights_only: the hyperparameters hold rlcode's settings objects (LoraSettings, ...).
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def joined_checkpoint_file(path: str | Path, folder: str | Path) -> Path:
+    """A sharded checkpoint written again as one file in ``folder`` (what a run without FSDP reads)."""
+    joined = Path(folder) / f"{Path(path).name}.joined"
+    torch.save(load_whole_checkpoint(path), joined)
+    return joined
