@@ -15,6 +15,7 @@ downloaded) with the offline tiny tokenizer (``tiny-random``: 512 ids, so prompt
 - ``fp16_mixed``: GRPO steps under 16-mixed (fp16 with loss scaling: the V100 path).
 - ``qlora_4bit``: GRPO steps with a 4-bit NF4 base (bitsandbytes' CUDA build) and LoRA r=16.
 - ``spiral``: one SPIRAL self-play step (TicTacToe) with the HF backend.
+- ``fsdp`` (several GPUs): bf16 GRPO steps with the policy sharded over every GPU (FSDP2).
 - ``vllm`` (when ``import vllm`` works): ``gpu_vllm_smoke.py``'s checks on this model, plus sampling at
   temperature 0.7 with the vLLM backend against the trainer's ``completion_logps`` of the sampled
   tokens (mean |difference| and the importance weights the correction would use).
@@ -84,7 +85,8 @@ class Setup:
         mode = GRPO(rewards=["gpu_check_cases:length_reward"], reward_weights=None, num_generations=self.generations)
         return Learner(mode=mode, **{**settings, **extra})
 
-    def fit(self, module, precision: str, datamodule=None, steps: int | None = None) -> dict:
+    def fit(self, module, precision: str, datamodule=None, steps: int | None = None, devices: int = 1,
+            strategy="auto") -> dict:
         """Train ``steps`` steps; completion tokens/s after the first (warm-up) step, peak GPU memory."""
         import lightning as L
         import torch
@@ -100,7 +102,8 @@ class Setup:
                     yield {key: [row[key] for row in batch] for key in batch[0]}
 
         clock = _Clock()
-        trainer = L.Trainer(accelerator=self.accelerator, devices=1, precision=precision, max_steps=steps,
+        trainer = L.Trainer(accelerator=self.accelerator, devices=devices, strategy=strategy, precision=precision,
+                            max_steps=steps,
                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
         _reset_peak()
@@ -317,6 +320,20 @@ def check_spiral(setup: Setup) -> dict:
     return setup.fit(module, "bf16-mixed", datamodule=GameDataModule(episodes_per_step=2, eval_episodes=1), steps=1)
 
 
+def check_fsdp(setup: Setup) -> dict:
+    """bf16 GRPO steps with the policy sharded over every GPU (``--trainer.strategy fsdp``): tokens/s and
+    rank 0's peak memory. A dry run shards over 2 CPU processes (gloo)."""
+    import torch
+
+    from rlcode.training.fsdp_strategy import FSDP2Strategy
+
+    devices = torch.cuda.device_count() if setup.cuda else 2
+    if devices < 2:
+        return {"skipped": "one GPU: FSDP shards over several (this line is for multi-GPU machines)"}
+    return {"devices": devices, **setup.fit(setup.grpo(precision="bf16-mixed"), "bf16-mixed", devices=devices,
+                                            strategy=FSDP2Strategy())}
+
+
 def check_vllm(setup: Setup) -> dict:
     """gpu_vllm_smoke's checks, then vLLM samples at T=0.7 scored by the trainer."""
     import torch
@@ -392,5 +409,5 @@ def _free() -> None:
 
 CHECKS = {"platform": check_platform, "model": check_model, "grpo_bf16": check_grpo_bf16,
           "trl_bf16": check_trl_bf16, "fp16_mixed": check_fp16_mixed, "qlora_4bit": check_qlora,
-          "shared_prefix": check_shared_prefix, "spiral": check_spiral, "vllm": check_vllm}
+          "shared_prefix": check_shared_prefix, "spiral": check_spiral, "fsdp": check_fsdp, "vllm": check_vllm}
 NEEDS_NO_MODEL = {"platform", "model"}

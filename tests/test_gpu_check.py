@@ -38,8 +38,9 @@ def test_the_dry_run_runs_every_check(tmp_path, monkeypatch):
 
     assert {name: check["status"] for name, check in checks.items()} == dict.fromkeys(gpu_check.BUDGETS_S, "ok")
     assert checks["platform"]["line"].startswith("platform: CPU") and checks["platform"]["precision"] == "32-true"
-    for name in ("grpo_bf16", "trl_bf16", "fp16_mixed", "qlora_4bit", "spiral"):
+    for name in ("grpo_bf16", "trl_bf16", "fp16_mixed", "qlora_4bit", "spiral", "fsdp"):
         assert checks[name]["optimizer_steps"] == 1, name
+    assert checks["fsdp"]["devices"] == 2  # sharded over 2 CPU processes in the dry run
     assert checks["fp16_mixed"]["precision"] == "bf16-mixed"  # no fp16 autocast on the CPU
     assert checks["shared_prefix"]["max_abs_logp_difference"] < 0.1  # bf16 autocast rounding; a wrong pass is off by nats
     vllm = checks["vllm"]
