@@ -44,6 +44,7 @@ import process_limit  # noqa: E402
 import process_tree  # noqa: E402
 import scratch  # noqa: E402
 import template  # noqa: E402
+import unix_drain  # noqa: E402
 import worker_mounts  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
@@ -147,6 +148,7 @@ class Worker:
         self.retire = False  # the template is gone: the parent retires us after this answer
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
         self.template = None  # forked by main() once everything above is set up (template.py)
+        self.unix_drain = None  # made by main() once the template's sockets exist (unix_drain.py)
 
     def _join_cgroups(self, procs: dict) -> bool:
         """Join the slot's cgroups (memory, pids and cpu, see the parent's cgroups.py): every
@@ -198,6 +200,7 @@ class Worker:
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
+                "unix_drain": self.unix_drain is not None and self.unix_drain.available,
                 "uid": os.getuid()}
 
     def serve(self) -> None:
@@ -225,9 +228,14 @@ class Worker:
 
     def execute(self, request: dict) -> dict:
         try:
-            return self._run_child(request, self.scratch.workdir.path)
-        finally:  # every process of the execution is gone: nothing can write there any more
+            result = self._run_child(request, self.scratch.workdir.path)
+        finally:  # every process of the execution is gone: only what it left in flight remains
+            left = self.unix_drain.drain()
             self.scratch.reset()
+        if left is not None:  # the next execution must not start beside it: a fresh worker takes it
+            self.retire = True
+            result.update(status="error", error_type="LeftoverUnixSockets", message=left)
+        return result
 
     def _run_child(self, request: dict, workdir: str) -> dict:
         """Have the template fork the child, hand it its job, and supervise it."""
@@ -362,6 +370,7 @@ def main() -> None:
     # Before the hello: the parent sends no request before it, so the template's copy of our memory
     # holds the config line and nothing any execution sent or received.
     worker.template = template.start(worker)
+    worker.unix_drain = unix_drain.UnixDrain(own_namespace=worker.own_network)
     try:
         worker.serve()
     finally:  # its child's tree is gone: nothing writes to its temp dir any more
