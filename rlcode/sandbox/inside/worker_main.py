@@ -265,8 +265,9 @@ class Worker:
 
     def _supervise(self, pid, pidfd, request, started, timeout, out_r, err_r, val_r) -> dict:
         cap = int(request.get("max_output_bytes") or self.config["max_output_bytes"])
-        values_cap = int(self.config["max_values_bytes"])
-        streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: outcome.Capped(values_cap)}
+        values = outcome.ValueLines(int(self.config["max_values_bytes"]),
+                                    len(request.get("probes") or ()) + outcome.VALUE_LINES_SPARE)
+        streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: values}
         poller = select.poll()
         for fd in (*streams, pidfd, self.control.fd):
             poller.register(fd, select.POLLIN)
