@@ -1,4 +1,4 @@
-"""The trusted parent's memory and work per sample stay bounded whatever a sample writes (issue 37).
+"""The trusted parent's memory and work per sample stay bounded whatever a sample writes.
 
 The values stream (fd 3) keeps one line per probe + VALUE_LINES_SPARE and max_values_bytes; status
 lines, exception names and every verdict string are cut. The worker applies the caps, the same code

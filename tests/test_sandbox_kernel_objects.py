@@ -1,6 +1,6 @@
 """Nothing an execution leaves in the kernel reaches another, and no host-wide budget is shared.
 
-Classes (issue 37) and the levels each is tested at:
+Classes and the levels each is tested at:
   * unix sockets held in flight (SCM_RIGHTS cycles): their abstract names and the memory queued in
     them. Names: bwrap, process (root) and bwrap-userns (as a test user). Memory: bwrap and process
     (root), where a slot memory cgroup exists; bwrap-userns has none (memory is RLIMIT_AS per process,
