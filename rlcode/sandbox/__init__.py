@@ -51,9 +51,10 @@ Behaviours worth knowing:
     created (seccomp); ``random`` is reseeded in every child.
   * Nothing of an execution stays in the kernel for the next: once its processes are gone, the
     only objects that can remain are unix sockets held in flight (SCM_RIGHTS cycles), with what is
-    queued in them (memory charged to the slot) and their abstract names. The worker checks
-    /proc/net/unix of its children's network namespace after every execution and, if any are left,
-    runs the kernel's unix collector and waits for them, at most 2 s (else ``error:
+    queued in them (memory charged to the slot) and their abstract names. The worker checks its
+    children's network namespace after every execution (its socket count, then /proc/net/unix
+    when the count is not the worker's own) and, if any are left, runs the kernel's unix
+    collector and waits for them, at most 2 s (else ``error:
     LeftoverUnixSockets`` and the worker retires): inside/unix_drain.py. Not at the process level as
     another user, whose children share the host's network namespace.
   * No host-wide table or budget is shared: file locks (a host-wide table, /proc/locks, which bwrap
