@@ -20,6 +20,7 @@ import platform
 import shutil
 import struct
 import textwrap
+import threading
 import time
 
 import pytest
@@ -135,6 +136,39 @@ def test_honest_samples_pass_right_after_memory_is_left_in_flight(level):
     held = int(attack.stdout.split()[-1])
     assert attack.status in (Status.MEMORY, Status.KILLED) and held >= MEMORY_MB, (attack.status, held)
     assert [v.reason for v in verdicts] == ["passed"] * len(honest)
+
+
+def _fake_memory_cgroup(folder, usage: int, file_pages: int = 0) -> None:
+    (folder / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (folder / "memory.stat").write_text(f"cache {file_pages}\nrss 0\ninactive_file {file_pages}\nactive_file 0\n")
+
+
+def test_the_next_execution_waits_for_the_slot_memory_the_sockets_carried(tmp_path, monkeypatch):
+    """The memory side's second half (inside/slot_memory.py), on a folder standing for the slot's
+    cgroup: the sockets are gone but what they carried is uncharged later (delayed fput). After
+    leftovers the worker waits until it is, however little the usage moved; page cache counts as
+    free; memory still charged at the end of the bound gives a reason (the worker retires)."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "rlcode", "sandbox", "inside"))
+    import slot_memory
+    monkeypatch.setattr(slot_memory, "SETTLE_BUDGET_S", 0.3)
+    idle = 2 << 20
+    _fake_memory_cgroup(tmp_path, idle)
+    memory = slot_memory.SlotMemory(str(tmp_path))
+    assert memory.settle(False, 0) is None  # the usual case: nothing moved
+    _fake_memory_cgroup(tmp_path, idle + (200 << 20), file_pages=200 << 20)
+    assert memory.settle(False, 0) is None  # page cache: the kernel reclaims it for the next one
+    _fake_memory_cgroup(tmp_path, idle + (200 << 20))
+    uncharged = threading.Timer(0.05, _fake_memory_cgroup, (tmp_path, idle))
+    uncharged.start()
+    started = time.monotonic()
+    assert memory.settle(True, 0) is None
+    assert 0.04 < time.monotonic() - started < 0.3
+    uncharged.join()
+    _fake_memory_cgroup(tmp_path, idle + (200 << 20))
+    reason = memory.settle(True, 0)
+    assert reason and "200 MiB" in reason and "retires" in reason, reason
+    _fake_memory_cgroup(tmp_path, idle + (8 << 20))  # a result of 8 MiB held by the worker: its own
+    assert memory.settle(False, 4 << 20) is None
 
 
 # --- file locks -------------------------------------------------------------------------------------

@@ -56,7 +56,13 @@ Behaviours worth knowing:
     when the count is not the worker's own) and, if any are left, runs the kernel's unix
     collector and waits for them, at most 2 s (else ``error:
     LeftoverUnixSockets`` and the worker retires): inside/unix_drain.py. Not at the process level as
-    another user, whose children share the host's network namespace.
+    another user, whose children share the host's network namespace. What the collected sockets
+    carried is freed after them (the kernel defers those last fputs: 200+ MiB of memfds took 30-45
+    ms more), so where the slot has a memory cgroup the worker then reads its usage (one pread)
+    and, when sockets were left or the usage rose past a margin (the result it holds, the kernel's
+    per-CPU batches, 4 MiB), waits until the memory no process can give back (usage less page
+    cache) is back within that margin of the idle worker's, at most 2 s; else the result stands and
+    the worker retires (the parent logs why): inside/slot_memory.py.
   * No host-wide table or budget is shared: file locks (a host-wide table, /proc/locks, which bwrap
     levels also show empty), Linux AIO (fs.aio-max-nr), inotify, keyrings, SysV IPC and io_uring
     are denied by seccomp (locks with ENOLCK); the README's sandbox section lists every /proc entry

@@ -135,8 +135,11 @@ class WorkerSlot:
             self._worker_failed(e, job)
             return
         self.inflight.popleft()
-        if raw.get("recycle"):  # it could not empty its scratch dirs: no more work for it
-            worker.retiring = True
+        if raw.get("recycle"):  # it could not empty its scratch dirs, or the kernel still holds what
+            worker.retiring = True  # the execution left (inside/worker_main.py): no more work for it
+            if raw.get("retire_reason"):
+                log.warning("sandbox worker %s retires after %s: %s", self.name, job.exec_id,
+                            _bounded(raw["retire_reason"], MESSAGE_CHARS))
         self.queue.finish(job, self.spec.on_result(result_from_worker(job, raw, worker.launch.level)))
 
     def _worker_failed(self, error: WorkerFailure, job: Job) -> None:

@@ -13,8 +13,9 @@ So after each execution the worker looks at the network namespace its children s
 or the worker's own at the process level as root): any unix socket in ``/proc/net/unix`` that was
 not there at the worker's start is a leftover. Then it closes a socket of its own, which makes the
 kernel run the collector, and waits for the leftovers to go (measured: 5-6 ms for 60 sockets), up to
-DRAIN_BUDGET_S. Only then does the next execution start. Left after that (never seen), the
-execution's result says so and the worker retires.
+DRAIN_BUDGET_S. Left after that (never seen), the execution's result says so and the worker
+retires. Their going does not yet free what they carried (delayed: slot_memory.py waits for that
+before the next execution starts).
 
 The usual answer, nothing left, comes from the namespace's socket count instead: ``sockets: used``
 of ``/proc/net/sockstat``, read again through an fd kept open (~2 us). Generating ``/proc/net/unix``
@@ -96,6 +97,7 @@ class UnixDrain:
         self.baseline = socket_inodes() if own_namespace else None
         self.available = self.baseline is not None
         self.count_fd, self.baseline_count = None, -1  # the fast path, where it is shown sound
+        self.found = 0  # sockets the last execution left
         if self.available:
             self._check_socket_count()
 
@@ -121,7 +123,9 @@ class UnixDrain:
 
     def drain(self):
         """Wait until the last execution's sockets are gone. None when they are (or never were), else
-        a one-line reason."""
+        a one-line reason. ``found``: how many it left (what they carried may still be charged to the
+        slot's memory for a while: slot_memory.py)."""
+        self.found = 0
         if not self.available:
             run_collector()
             return None
@@ -130,7 +134,7 @@ class UnixDrain:
         left = self._leftovers()
         if not left:
             return None
-        found = len(left)
+        found = self.found = len(left)
         run_collector()
         deadline, pause = time.monotonic() + DRAIN_BUDGET_S, 0.001
         while left and time.monotonic() < deadline:
