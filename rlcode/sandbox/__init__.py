@@ -49,6 +49,26 @@ Behaviours worth knowing:
     and /dev/shm do not carry over (root workers replace a dirty tmpfs whole; others delete with
     fd-relative calls and are recycled if that fails); SysV IPC and POSIX message queues cannot be
     created (seccomp); ``random`` is reseeded in every child.
+  * Nothing of an execution stays in the kernel for the next: once its processes are gone, the
+    only objects that can remain are unix sockets held in flight (SCM_RIGHTS cycles), with what is
+    queued in them (memory charged to the slot) and their abstract names. The worker checks its
+    children's network namespace after every execution (its socket count, then /proc/net/unix
+    when the count is not the worker's own) and, if any are left, runs the kernel's unix
+    collector and waits for them, at most 2 s (else ``error:
+    LeftoverUnixSockets`` and the worker retires): inside/unix_drain.py. Not at the process level as
+    another user, whose children share the host's network namespace. What the collected sockets
+    carried is freed after them (the kernel defers those last fputs: 200+ MiB of memfds took 30-45
+    ms more), so where the slot has a memory cgroup the worker then reads its usage (one pread)
+    and, when sockets were left or the usage rose past a margin (the result it holds, the kernel's
+    per-CPU batches, 4 MiB), waits until the memory no process can give back (usage less page
+    cache) is back within that margin of the idle worker's, at most 2 s; else the result stands and
+    the worker retires (the parent logs why): inside/slot_memory.py.
+  * No host-wide table or budget is shared: file locks (a host-wide table, /proc/locks, which bwrap
+    levels also show empty), Linux AIO (fs.aio-max-nr), inotify, keyrings, SysV IPC and io_uring
+    are denied by seccomp (locks with ENOLCK); the README's sandbox section lists every /proc entry
+    and global counter reviewed and how each is held.
+  * The parent's memory and work per sample are bounded: the values stream keeps one line per
+    probe + 16 and 8 MiB, and every string that reaches a verdict is cut (README: the limits table).
   * Level ``process`` (no bubblewrap): the host filesystem is mounted, and Landlock decides what the
     child may open (the host's /proc not at all). As root it still gets a PID namespace per child,
     empty network and IPC namespaces and private tmpfs scratch dirs per worker, and a python prefix

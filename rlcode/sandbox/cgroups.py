@@ -7,7 +7,8 @@ A cgroup bounds an execution as a whole: each worker slot gets one cgroup per co
 every child is born inside at no cost per execution; a worker runs one execution at a time and
 idles meanwhile, so the group holds one execution plus the idle worker (WORKER_MEMORY_BYTES,
 WORKER_TASKS of headroom). What an execution leaves in its tmpfs is uncharged when the worker
-replaces that tmpfs.
+replaces that tmpfs; what it left in flight, once the worker has drained it, and the worker waits
+for that before the next execution starts (inside/slot_memory.py).
 
 CPU: without a cpu cgroup, the scheduler weighs each session as a group of its own (autogrouping,
 ``kernel.sched_autogroup_enabled=1``, the default on most kernels), so 61 spinning children that
@@ -80,8 +81,12 @@ class CgroupLimits:
         and from the host (the worker knows which it is)."""
         if not slot:
             return {}
-        return {"cgroup_procs": {"bwrap": self.procs_files(slot, True), "host": self.procs_files(slot, False)},
-                "cgroup_controllers": sorted(slot)}
+        config = {"cgroup_procs": {"bwrap": self.procs_files(slot, True), "host": self.procs_files(slot, False)},
+                  "cgroup_controllers": sorted(slot)}
+        if "memory" in slot:  # read by the worker after each execution (inside/slot_memory.py)
+            config["memory_cgroup"] = {"bwrap": f"{MOUNT_IN_SANDBOX}/memory/{slot['memory']}",
+                                       "host": f"{self.pool_dirs['memory']}/{slot['memory']}"}
+        return config
 
     def bind_arguments(self) -> list[str]:
         """bwrap arguments making the pool's cgroup folders writable inside the sandbox."""

@@ -204,6 +204,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
         "fresh_child_memory": bool(worker.get("child_template")),
         "no_core_dumps": no_cores,
         "network_namespace": bwrap or bool(worker.get("network_namespace")),
+        "unix_sockets_drained": bool(worker.get("unix_drain")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
         "subreaper": bool(worker.get("subreaper")),
@@ -220,6 +221,10 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
         else "the child sees the host filesystem (with its sandbox uid's permissions when root)",
         "network_namespace": "no interfaces but loopback" if bwrap or worker.get("network_namespace")
         else "network denied by seccomp only (host abstract UNIX sockets reachable)",
+        "unix_sockets_drained": "an execution's unix sockets held only in flight (SCM_RIGHTS cycles, with "
+        "their queued memory and abstract names) are collected before the next execution starts"
+        if worker.get("unix_drain") else "the children share the host's network namespace: leftover unix "
+        "sockets cannot be told from the host's (the kernel's collector is still run after each execution)",
         "landlock": (f"ABI {abi}: read-only interpreter and system paths, read-write only the "
                      "execution's temp dir" + (" and /dev/shm" if bwrap or worker.get("tmpfs_per_execution")
                                               else "") + ("; no TCP bind/connect" if abi >= 4 else "")

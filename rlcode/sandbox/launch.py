@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
-                "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py", "template.py")
+                "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py", "template.py",
+                "unix_drain.py", "slot_memory.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
@@ -34,6 +35,11 @@ WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", 
                        "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+# Host-wide /proc tables that hold what a process chose to put there, covered with an empty file in
+# the worker's /proc (bwrap levels; the README's sandbox section lists every entry reviewed and why
+# the rest may stay).
+MASKED_PROC_FILES = ("/proc/locks",)
+EMPTY_FILE = "empty"  # in the staging directory
 
 
 @dataclass
@@ -79,6 +85,7 @@ def stage_worker_files(seccomp_bpf: bytes | None) -> str:
     (Path(staging) / OWNER_FILE).write_text(str(os.getpid()))
     for name in WORKER_FILES:
         shutil.copyfile(INSIDE_DIR / name, Path(staging) / name)
+    (Path(staging) / EMPTY_FILE).write_bytes(b"")
     if seccomp_bpf is not None:
         (Path(staging) / SECCOMP_FILE).write_bytes(seccomp_bpf)
     return staging
@@ -251,10 +258,11 @@ def _bwrap_arguments(level, staging, executable, prefix, env, limits) -> list[st
         if not _covered(path, bound):
             args += _parents_0755(path) + ["--ro-bind", path, path]
             bound.append(path)
-    args += ["--ro-bind", staging, WORKER_DIR_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc",
-             "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm",
-             "--clearenv"]
+    args += ["--ro-bind", staging, WORKER_DIR_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc"]
+    for path in MASKED_PROC_FILES:
+        args += ["--ro-bind", os.path.join(staging, EMPTY_FILE), path]
+    args += ["--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args + ["--chdir", "/tmp"]

@@ -39,6 +39,9 @@ MAX_HASH_REPEATS = 64  # items of one set or dict sharing one hash value
 _FRACTION = _re.compile(r"-?[0-9]{1,%d}(/[0-9]{1,%d})?" % (MAX_DIGITS, MAX_DIGITS))
 
 
+OPAQUE_NAME_CHARS = 200  # an exception's message or a type's name, as the candidate's child wrote it
+
+
 class Opaque:
     """A value that left the sandbox as something other than plain data. Equal to nothing."""
 
@@ -163,7 +166,7 @@ class _Decoder:
                 raise DecodeError("bad fraction") from None
         if tag in ("opaque", "raised"):
             _expect(v, str)
-            return Opaque(v, raised=tag == "raised")
+            return Opaque(v[:OPAQUE_NAME_CHARS], raised=tag == "raised")  # it reaches failure reasons
         raise DecodeError(f"unknown tag {tag!r:.40}")
 
     def _items(self, v: list, depth: int) -> list:

@@ -51,6 +51,9 @@ class ExecResult:
     probe_lines_truncated: bool = False
     isolation: str = ""  # the isolation level it ran under
     message: str = ""  # why the sandbox (not the program) failed, for INTERNAL_ERROR / CANCELLED
+    values_bytes: int = 0  # everything written to the values stream (fd 3), kept or not
+    values_lines: int = 0
+    values_over: str = ""  # "lines" or "bytes": the values stream went over that cap (the rest dropped)
 
     @property
     def ok(self) -> bool:

@@ -43,7 +43,19 @@ DENIED_SYSCALLS = (
     # detached shm stayed charged to the host) and are visible to the worker's next execution. The
     # stdlib uses neither (multiprocessing's shared memory and semaphores are files in /dev/shm).
     "shmget", "msgget", "semget", "mq_open",
+    # Host-wide budgets: Linux AIO contexts take from fs.aio-max-nr, one count for the whole host (a
+    # sample holding 65,534 events made a host process's io_setup(64) fail), and inotify instances
+    # from the uid's fs.inotify.max_user_instances (128, shared by every process of a non-root user).
+    "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
+    "inotify_init", "inotify_init1",
 )
+# File locks are a host-wide table: an OFD lock on a shared read-only file (under /usr) is listed in
+# /proc/locks and answers F_GETLK from every other sandbox, so two samples could pass data through
+# byte ranges. No lock can be taken or queried: these fail with ENOLCK ("No locks available"), as on
+# a filesystem without lock support. F_SETLEASE is denied too (a lease is a lock other openers see).
+LOCK_ERRNO = errno.ENOLCK
+F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE = 5, 6, 7, 36, 37, 38, 1024
+LOCK_FCNTL_COMMANDS = (F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE)
 # Syscalls numbered from 424 on (Linux 5.1+) have the same number on every architecture; libseccomp
 # 2.5 knows none past 449, so these are denied by number (their names say what they are).
 MAX_REVIEWED_SYSCALL = 469  # file_setattr (Linux 6.17)
@@ -96,6 +108,10 @@ def build_filter_bpf(deny_exec: bool = False) -> bytes:
     if arch is not None:
         for number in DENIED_BY_NUMBER:
             policy.add_rule(deny, number)
+    no_locks = seccomp.ERRNO(LOCK_ERRNO)
+    policy.add_rule(no_locks, "flock")
+    for command in LOCK_FCNTL_COMMANDS:
+        policy.add_rule(no_locks, "fcntl", seccomp.Arg(1, seccomp.EQ, command))
     for flag in NAMESPACE_CLONE_FLAGS:
         policy.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     # clone3 passes flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone().

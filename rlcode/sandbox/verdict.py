@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from rlcode.sandbox import plain_data
 from rlcode.sandbox.asserts import (MISSING, AssertParseError, AssertPlan, bound_names_among,
                                     evaluate_plan, overridable_names, plan_assert)
+from rlcode.sandbox.inside.outcome import VALUE_LINES_SPARE
+from rlcode.sandbox.launch import Limits
 from rlcode.sandbox.plain_eval import EVAL_BUDGET_S
 from rlcode.sandbox.result import ExecResult, Program, Status
 
@@ -39,6 +41,8 @@ _CONFLICT = plain_data.Opaque("conflicting values for one probe", raised=True)
 _NO_REFERENCE = plain_data.Opaque("internal_error: the reference execution gave no value", raised=True)
 _REFERENCE_CACHE: dict[tuple, dict[int, object]] = {}  # reference probes are deterministic
 _REFERENCE_CACHE_MAX = 4096
+DEFAULT_VALUES_BYTES = Limits().max_values_bytes  # fixed (not a pool setting)
+REASON_CHARS = 400  # a verdict's reason and each test's detail (their parts are cut shorter still)
 _cache_lock = threading.Lock()
 
 
@@ -182,6 +186,9 @@ def _probe_values(result: ExecResult, count: int) -> dict[int, object]:
 
 def _decide(plans, candidate_slots, result: ExecResult, reference: dict) -> TestVerdict:
     child = _probe_values(result, len(candidate_slots))
+    # Decoded: the verdict keeps no candidate values (N samples' verdicts held to the end of a run
+    # would otherwise hold N values streams).
+    result.probe_lines = []
     values: dict[tuple[int, int], object] = {}
     for position, slot in enumerate(candidate_slots):
         values[slot] = child[position]
@@ -202,13 +209,22 @@ def _decide(plans, candidate_slots, result: ExecResult, reference: dict) -> Test
         passed.append(outcome.passed)
         details.append(outcome.detail)
     status = Status(result.status).value
-    return TestVerdict(passed=passed, status=status, reason=_reason(passed, details, result),
-                       result=result, fallbacks=fallbacks, details=details)
+    return TestVerdict(passed=passed, status=status, reason=_bounded(_reason(passed, details, result)),
+                       result=result, fallbacks=fallbacks, details=[_bounded(d) for d in details])
+
+
+def _bounded(text: str) -> str:
+    """Every string a verdict carries is cut to REASON_CHARS: results files hold one per sample."""
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
 
 def _reason(passed: list[bool], details: list[str], result: ExecResult) -> str:
     if passed and all(passed):
-        return "passed"
+        return "passed"  # every value judged was there, whatever was cut after it
+    if result.values_over:  # what was cut may be what failed: say so rather than "missing"
+        return (f"values over the {result.values_over} cap ({result.values_lines} lines, "
+                f"{result.values_bytes} bytes written; kept: one line per probe + {VALUE_LINES_SPARE}, "
+                f"{DEFAULT_VALUES_BYTES >> 20} MiB)")
     status = Status(result.status)
     if status is Status.ERROR and result.error_type:
         return f"error: {result.error_type}"

@@ -135,8 +135,11 @@ class WorkerSlot:
             self._worker_failed(e, job)
             return
         self.inflight.popleft()
-        if raw.get("recycle"):  # it could not empty its scratch dirs: no more work for it
-            worker.retiring = True
+        if raw.get("recycle"):  # it could not empty its scratch dirs, or the kernel still holds what
+            worker.retiring = True  # the execution left (inside/worker_main.py): no more work for it
+            if raw.get("retire_reason"):
+                log.warning("sandbox worker %s retires after %s: %s", self.name, job.exec_id,
+                            _bounded(raw["retire_reason"], MESSAGE_CHARS))
         self.queue.finish(job, self.spec.on_result(result_from_worker(job, raw, worker.launch.level)))
 
     def _worker_failed(self, error: WorkerFailure, job: Job) -> None:
@@ -161,6 +164,18 @@ class WorkerSlot:
         return worker
 
 
+# Strings a result carries into verdicts and results files, cut here: the worker is trusted, but what
+# it forwards (a status line's error field) is written by candidate code (a 9.8M-character one was).
+ERROR_TYPE_CHARS, MESSAGE_CHARS = 200, 500
+
+
+def _bounded(text, limit: int) -> str | None:
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def result_from_worker(job: Job, raw: dict, level: str) -> ExecResult:
     try:
         status = Status(raw.get("status"))
@@ -171,7 +186,8 @@ def result_from_worker(job: Job, raw: dict, level: str) -> ExecResult:
         stdout=raw.get("stdout", ""), stderr=raw.get("stderr", ""),
         stdout_truncated=bool(raw.get("stdout_truncated")), stderr_truncated=bool(raw.get("stderr_truncated")),
         duration_s=float(raw.get("duration_s", 0.0)), tags=dict(job.tags),
-        probe_lines=list(raw.get("probe_lines", [])), error_type=raw.get("error_type"),
+        probe_lines=list(raw.get("probe_lines", [])), error_type=_bounded(raw.get("error_type"), ERROR_TYPE_CHARS),
         stdout_bytes=int(raw.get("stdout_bytes", 0)), stderr_bytes=int(raw.get("stderr_bytes", 0)),
         probe_lines_truncated=bool(raw.get("probe_lines_truncated")), isolation=level,
-        message=raw.get("message", ""))
+        message=_bounded(raw.get("message", ""), MESSAGE_CHARS), values_bytes=int(raw.get("values_bytes", 0)),
+        values_lines=int(raw.get("values_lines", 0)), values_over=str(raw.get("values_over", ""))[:5])

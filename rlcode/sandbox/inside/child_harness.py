@@ -319,7 +319,7 @@ def run(code: str, setup: str, probes) -> None:
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
-                 "scratch", "worker_mounts", "process_limit", "template"):
+                 "scratch", "worker_mounts", "process_limit", "template", "unix_drain", "slot_memory"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

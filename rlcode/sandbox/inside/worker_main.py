@@ -43,7 +43,9 @@ import outcome  # noqa: E402
 import process_limit  # noqa: E402
 import process_tree  # noqa: E402
 import scratch  # noqa: E402
+import slot_memory  # noqa: E402
 import template  # noqa: E402
+import unix_drain  # noqa: E402
 import worker_mounts  # noqa: E402
 
 CLONE_NEWPID = 0x20000000
@@ -145,8 +147,11 @@ class Worker:
             self.own_pidns = self._probe_pid_namespace()
         self.shutting_down = False
         self.retire = False  # the template is gone: the parent retires us after this answer
+        self.retire_reason = None  # why, when the result itself does not say (for the parent's log)
         self.early_kills: dict = {}  # ids killed before they started (insertion-ordered, bounded)
         self.template = None  # forked by main() once everything above is set up (template.py)
+        self.unix_drain = None  # made by main() once the template's sockets exist (unix_drain.py)
+        self.slot_memory = None  # made by main() once the template is charged to the slot (slot_memory.py)
 
     def _join_cgroups(self, procs: dict) -> bool:
         """Join the slot's cgroups (memory, pids and cpu, see the parent's cgroups.py): every
@@ -162,6 +167,18 @@ class Worker:
             sys.stderr.write(f"sandbox worker: could not join its cgroup ({e}); rlimits only\n")
             return False
         return bool(paths)
+
+    def open_slot_memory(self):
+        """The slot's memory cgroup, read after each execution (None without one)."""
+        folders = self.config.get("memory_cgroup") or {}
+        folder = folders.get("bwrap" if self.in_bwrap else "host")
+        if not (self.in_cgroup and folder):
+            return None
+        try:
+            return slot_memory.SlotMemory(folder)
+        except (OSError, ValueError) as e:
+            sys.stderr.write(f"sandbox worker: cannot read its memory cgroup ({e})\n")
+            return None
 
     def _probe_pid_namespace(self):
         """Per-execution PID namespaces: unshare(CLONE_NEWPID) makes the *next* fork the init of a
@@ -198,6 +215,8 @@ class Worker:
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
+                "unix_drain": self.unix_drain is not None and self.unix_drain.available,
+                "memory_settle": self.slot_memory is not None,
                 "uid": os.getuid()}
 
     def serve(self) -> None:
@@ -221,13 +240,25 @@ class Worker:
             result.update(op="result", id=message["id"])
             if self.scratch.recycle or self.retire:  # the parent retires us once the queued executions are done
                 result["recycle"] = True
+            if self.retire_reason:
+                result["retire_reason"], self.retire_reason = self.retire_reason, None
             _write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
+        result = None
         try:
-            return self._run_child(request, self.scratch.workdir.path)
-        finally:  # every process of the execution is gone: nothing can write there any more
+            result = self._run_child(request, self.scratch.workdir.path)
+        finally:  # every process of the execution is gone: only what it left in flight remains
+            left = self.unix_drain.drain()
             self.scratch.reset()
+            charged = None if self.slot_memory is None else self.slot_memory.settle(
+                self.unix_drain.found > 0, _result_bytes(result))
+        if left is not None:  # the next execution must not start beside it: a fresh worker takes it
+            self.retire = True
+            result.update(status="error", error_type="LeftoverUnixSockets", message=left)
+        if charged is not None:  # nor on memory it still holds: the result stands, a fresh worker follows
+            self.retire, self.retire_reason = True, charged
+        return result
 
     def _run_child(self, request: dict, workdir: str) -> dict:
         """Have the template fork the child, hand it its job, and supervise it."""
@@ -257,8 +288,9 @@ class Worker:
 
     def _supervise(self, pid, pidfd, request, started, timeout, out_r, err_r, val_r) -> dict:
         cap = int(request.get("max_output_bytes") or self.config["max_output_bytes"])
-        values_cap = int(self.config["max_values_bytes"])
-        streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: outcome.Capped(values_cap)}
+        values = outcome.ValueLines(int(self.config["max_values_bytes"]),
+                                    len(request.get("probes") or ()) + outcome.VALUE_LINES_SPARE)
+        streams = {out_r: outcome.Capped(cap), err_r: outcome.Capped(cap), val_r: values}
         poller = select.poll()
         for fd in (*streams, pidfd, self.control.fd):
             poller.register(fd, select.POLLIN)
@@ -329,6 +361,14 @@ class Worker:
             self.control.buffer[:0] = b"".join(p + b"\n" for p in pending)
         return reason
 
+def _result_bytes(result) -> int:
+    """Roughly what a result holds in the worker's memory (an execution that raised holds none)."""
+    if not isinstance(result, dict):
+        return 0
+    return (len(result.get("stdout") or "") + len(result.get("stderr") or "")
+            + sum(len(line) for line in result.get("probe_lines") or ()))
+
+
 def _drain(fd: int, stream) -> None:
     os.set_blocking(fd, False)
     while True:
@@ -362,6 +402,8 @@ def main() -> None:
     # Before the hello: the parent sends no request before it, so the template's copy of our memory
     # holds the config line and nothing any execution sent or received.
     worker.template = template.start(worker)
+    worker.unix_drain = unix_drain.UnixDrain(own_namespace=worker.own_network)
+    worker.slot_memory = worker.open_slot_memory()  # after the template: its pages are the idle worker's
     try:
         worker.serve()
     finally:  # its child's tree is gone: nothing writes to its temp dir any more
