@@ -22,7 +22,10 @@ pytestmark = pytest.mark.slow  # each test starts 1- and 2-rank runs (10-30 s)
 
 REPO = Path(__file__).resolve().parents[1]
 LEARNING_RATE, ADAM_EPS = 1e-3, 1e-8  # grpo_harness's learning rate; torch's AdamW eps (the Learner's)
-VARIANTS = {"full": {}, "lora": {"lora": {"r": 4, "alpha": 8, "dropout": 0.0}}}
+# The KL variants score a reference: under full fine-tuning a frozen copy, sharded like the policy;
+# under LoRA the policy with its adapters off.
+VARIANTS = {"full": {}, "full_kl": {"beta": 0.04},
+            "lora_kl": {"lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "beta": 0.04}}
 
 
 def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
@@ -57,6 +60,7 @@ def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
         finally:
             torch.set_default_dtype(default)
     learner_module.load_model = load_in_float64
+    learner_module.compute_dtype = lambda precision: torch.float64  # the reference copy's dtype: float64 in both runs
 
     gradients = {}
 
