@@ -160,7 +160,7 @@ class RLCodeCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
-        cli_prechecks.check_before_building(config)  # a missing checkpoint, model or reward: before the trainer
+        cli_prechecks.check_before_building(config, self.arguments)  # bad values, a missing checkpoint, model or reward
         load_checkpoints_weights_only(config)
         if config["run"].get("cpu_threads"):
             import torch

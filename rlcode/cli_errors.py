@@ -173,6 +173,9 @@ def explain_parse_error(message: str, argv: list[str], subcommand_parsers: dict)
     index, expected = _find(lines, r"Expected an? (.+?)(?:\. Got value: (.*))?$")
     if expected and "Expected a <class 'NoneType'>" not in expected.group(0) and _context(lines, index)[0]:
         return _wrong_value(lines, index, argv, help_hint)
+    _, no_value = _find(lines, r"argument (--[\w.]+): expected one argument")
+    if no_value:
+        return _missing_value(no_value.group(1), argv, help_hint)
     _, unknown = _find(lines, r"unrecognized arguments: (\S+)")
     if unknown:
         key = unknown.group(1).lstrip("-").split("=", 1)[0]
@@ -194,6 +197,17 @@ def _fallback(lines: list[_Line], message: str, help_hint: str) -> UserError:
         keys, _ = _context(lines, index)
         reason = f"{'.'.join(keys)}: {lines[index].text}" if keys else lines[index].text
     return UserError(f"{reason}\n  Run {help_hint} for the accepted settings; {_DEBUG_HINT}")
+
+
+def _missing_value(flag: str, argv: list[str], help_hint: str) -> UserError:
+    """``--model.learning_rate -1e-5``: argparse reads a word starting with "-" as another flag, so the
+    setting got no value. Say to join them with "=" (the way a negative number is given)."""
+    index = argv.index(flag) if flag in argv else -1
+    following = argv[index + 1] if 0 <= index < len(argv) - 1 else None
+    if following is not None and following.startswith("-"):
+        return UserError(f"{flag} got no value: {following!r} starts with '-' and was read as a flag\n"
+                         f"  Write it with '=': {flag}={following}")
+    return UserError(f"{flag} needs a value (on the command line)\n  e.g. {flag} VALUE or {flag}=VALUE ({help_hint})")
 
 
 def _missing_config(path: Path) -> UserError:

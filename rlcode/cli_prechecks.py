@@ -1,6 +1,7 @@
 """Settings that would fail only after the trainer started (and printed its lines), checked before
-anything is built: the checkpoint to start from, the model, the reward names. Each failure is a
-``UserError`` of ``rlcode.cli_errors``: one line of what and where, one of the fix.
+anything is built: numbers out of range (``rlcode.setting_ranges``), the checkpoint to start from,
+the model, the reward names. Each failure is a ``UserError`` of ``rlcode.cli_errors``: one line of
+what and where, one of the fix.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from pathlib import Path
 from rlcode.cli_errors import UserError, did_you_mean
 from rlcode.models.aliases import MODEL_ALIASES
 from rlcode.rewards.factory import check_reward_names
+from rlcode.setting_ranges import check_ranges
 from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint
 
 
-def check_before_building(config) -> None:
+def check_before_building(config, argv: list[str] | None = None) -> None:
     """Settings that would fail only after the trainer started (and printed its lines), checked first:
-    the checkpoint to start from, the model, the reward names."""
+    the numeric settings' ranges, the checkpoint to start from, the model, the reward names."""
+    check_ranges(config, argv or [])
     check_ckpt_path(config.get("ckpt_path"), config["run"])
     model = config.get("model") or {}
     settings = model.get("init_args", model)
