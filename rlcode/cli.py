@@ -39,7 +39,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
-from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks  # noqa: E402
+from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume_guard  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -157,6 +157,15 @@ class RLCodeCLI(LightningCLI):
         except ArgumentError as error:
             raise cli_errors.explain_parse_error(str(error), self.arguments, self._subcommand_parsers) from error
 
+    def _parse_ckpt_path(self) -> None:
+        # Lightning replaces the config's model settings with the checkpoint's when --ckpt_path names a
+        # file. For fit that would silently train the checkpoint's mode on the config's data, and drop a
+        # changed micro_batch_size only when the path is explicit (not with `last`): instead the config
+        # stays as given and cli_resume_guard refuses what may not change. validate/test keep it (they
+        # score the checkpoint's model whatever the config says).
+        if self.config.get("subcommand") != "fit":
+            super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _go_offline_if_hub_unreachable()
@@ -174,6 +183,7 @@ class RLCodeCLI(LightningCLI):
             version = version_of(config.get("ckpt_path"), config["run"])
         config["ckpt_path"] = _readable_by_the_strategy(config.get("ckpt_path"), self.subcommand, config["trainer"])
         if self.subcommand == "fit":
+            cli_resume_guard.check_resume(config["ckpt_path"], config["model"])  # before resumed_step trims files
             self._resume_version = version  # keep writing into the interrupted run's directory
             self._resume_step = resumed_step(config["ckpt_path"], config["run"], version)
         if self.subcommand == "fit" and config["trainer"].get("limit_val_batches") is None:
