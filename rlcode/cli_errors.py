@@ -1,6 +1,7 @@
 """A mistake in a command or config reaches the user as at most three lines: what is wrong, where
 (the key, the config file and line, or the command line) and the fix, with "did you mean" for a
-misspelled key, class or value.
+misspelled key, class or value, and rlcode's key for a key of the scripts it replaces
+(``rlcode.cli_seed_names``).
 
 jsonargparse reports a parse error as the whole usage (70-115 lines) followed by a nested message;
 a ValueError of a class's ``__init__`` surfaces as a traceback. ``explain_parse_error`` and
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODE_CLASSES
+from rlcode.cli_seed_names import seed_hint
 from rlcode.training.learner import Learner
 
 DEBUG_ENV = "RLCODE_DEBUG"
@@ -261,7 +263,8 @@ def _unknown_option(keys: list[str], class_path: str | None, argv: list[str], co
     dotted = ".".join(keys)
     names = _init_parameters(class_path)
     owner = class_path.rsplit(".", 1)[-1] if class_path else keys[0]
-    suggestion = did_you_mean(keys[-1], names, prefix=f"did you mean {'.'.join(keys[:-1])}.") if names else ""
+    suggestion = seed_hint(dotted, flag=False) or (
+        did_you_mean(keys[-1], names, prefix=f"did you mean {'.'.join(keys[:-1])}.") if names else "")
     where = locate(keys, argv)
     group = ".".join(keys[:-1])  # model, data, or model.mode
     listing = (f"rlcode {command} --{group}.help {class_path}" if group in ("model", "data", "model.mode") and class_path
@@ -293,7 +296,7 @@ def _init_parameters(class_path: str | None) -> list[str]:
 def _unknown_key(key: str, where: str, parser, help_hint: str, flag: bool) -> UserError:
     known = _parser_keys(parser)
     dash = "--" if flag else ""
-    suggestion = did_you_mean(key, known, prefix=f"did you mean {dash}")
+    suggestion = seed_hint(key, flag) or did_you_mean(key, known, prefix=f"did you mean {dash}")
     return UserError(f"{dash}{key} is not a setting ({where})\n  {suggestion}The settings: {help_hint}")
 
 

@@ -64,6 +64,14 @@ def _class_problem(old: str) -> str:
     return f"model.class_path {old} is now model.mode.class_path {new}"
 
 
+def _model_flag_problem(value: str) -> str:
+    """``--model SPIRAL`` named the mode before; ``--model Qwen/...`` names the model in older scripts."""
+    new = new_class_path(value)
+    if new is not None:
+        return f"--model {value} is now --model.mode {new}"
+    return f"--model {value}: the model is --model.model_name {value} (the training mode is --model.mode)"
+
+
 def _problems_of_section(model: dict) -> list[str]:
     keys = [key for key in model if key not in ("class_path", "init_args")]
     keys += list(model.get("init_args") or {}) if isinstance(model.get("init_args"), dict) else []
@@ -82,7 +90,7 @@ def _problems_of_flags(argv: list[str]) -> list[str]:
         if flag == "--model" and not value and index + 1 < len(argv):
             value = argv[index + 1]
         if flag == "--model" and value and not value.lstrip().startswith("{"):
-            problems.append(f"--model {value} is now --model.mode {new_class_path(value) or value}")
+            problems.append(_model_flag_problem(value))
         elif flag in ("--model.class_path", "--model.init_args"):
             problems.append(f"{flag} is gone: model is the Learner; the mode is --model.mode NAME")
         elif flag.startswith("--model.init_args."):
