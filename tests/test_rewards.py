@@ -237,6 +237,15 @@ def test_missing_tests_column_is_an_internal_error_not_an_exception():
     assert "test_list" in reward.last_details[0] and reward.last_metrics["internal_errors"] == 1
 
 
+def test_a_test_column_of_another_name_warns_once_naming_the_columns():
+    reward = MBPPTestsPassed(pool=RecordingPool())
+    rows = {"task_id": [1, 2], "test_cases": [["assert f() == 1"], ["assert f() == 2"]]}  # ART's name
+    with pytest.warns(UserWarning, match=r"no 'test_list' column \(columns: task_id, test_cases\)") as caught:
+        assert reward(["p", "q"], ["def f(): return 1"] * 2, **rows) == [0.0, 0.0]
+        reward(["p"], ["def f(): return 1"], task_id=[3], test_cases=[["assert f() == 1"]])
+    assert len([w for w in caught if "test_list" in str(w.message)]) == 1
+
+
 def test_registry():
     assert set(REWARDS) == {"execution", "mbpp_tests", "mbpp_tests_fraction"}
     reward = build_reward("mbpp_tests_fraction", pool=RecordingPool())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from concurrent.futures import Future
 
 from rlcode.rewards.base import SandboxReward, Scored
@@ -45,8 +46,11 @@ class MBPPTestsPassed(SandboxReward):
         """
         super().__init__(pool=pool, timeout=timeout, workers=workers, tags=tags, run_id=run_id)
         self.include_challenge_tests = include_challenge_tests
+        self._warned_missing_column = False
 
     def _submit(self, completion, row: dict, tags: dict[str, str]) -> Future:
+        if "test_list" not in row:
+            self._warn_missing_column(row)
         tests = _tests(row.get("test_list"))
         if self.include_challenge_tests:
             tests += _tests(row.get("challenge_test_list") or [])
@@ -56,6 +60,15 @@ class MBPPTestsPassed(SandboxReward):
         code = extract_code(completion, row.get("entry_point") or entry_point_of(tests))
         setup = row.get("test_setup_code") or ""
         return check_against_tests(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
+
+    def _warn_missing_column(self, row: dict) -> None:
+        """Without it every completion scores 0.0, which looks like a model that never passes (ART's
+        data names the column test_cases): say so once, with the columns the rows do have."""
+        if not self._warned_missing_column:
+            self._warned_missing_column = True
+            warnings.warn(f"{self.name}: the rows have no 'test_list' column (columns: {', '.join(sorted(row))}), "
+                          "so every completion scores 0.0; rename the dataset's test column to test_list",
+                          stacklevel=3)
 
     def _score(self, verdict: TestVerdict) -> Scored:
         return Scored(self._reward(verdict), verdict.reason, verdict.status, verdict.all_passed)
