@@ -19,6 +19,26 @@ from dataclasses import dataclass, field
 from .result import ExecResult, Program, Status
 
 
+class ExecutionFuture(concurrent.futures.Future):
+    """A Future whose ``cancel()`` works while the execution is queued at a worker or running too
+    (a plain Future refuses once running): the pool then kills the execution's process tree, as
+    ``stop()`` does, which is safe at any point. False only once the result is in."""
+
+    on_cancel: Callable[[], None] | None = None  # set by the pool: take the job off and kill it
+
+    def cancel(self) -> bool:
+        with self._condition:
+            if self._state == _RUNNING:  # back to pending, so that Future.cancel accepts it
+                self._state = _PENDING
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
+
+
+_RUNNING, _PENDING = concurrent.futures._base.RUNNING, concurrent.futures._base.PENDING
+
+
 @dataclass
 class Job:
     """One submitted execution as the pool and its slots track it (``ExecutionInfo`` is its view)."""

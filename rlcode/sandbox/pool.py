@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 
 from . import cgroups, slot_uids
 from .isolation import IsolationReport, IsolationUnavailable, probe_isolation, refuse_visible_filesystem
-from .job_queue import Job, JobQueue, internal_result
+from .job_queue import ExecutionFuture, Job, JobQueue, internal_result
 from .launch import Limits, remove_staging
 from .result import ExecResult, ExecutionInfo, Program, Status
 from .worker_process import WorkerProcess
@@ -128,14 +128,17 @@ class SandboxPool:
                tags: Mapping[str, str] | None = None, reference: bool = False
                ) -> concurrent.futures.Future[ExecResult]:
         """Queue one execution. The future's result is an ExecResult; it never raises for the
-        program's failures (only CancelledError if you cancel the future yourself)."""
+        program's failures (only CancelledError if you cancel the future yourself). ``cancel()``
+        works while it waits and while it runs (the execution is killed); either way it leaves
+        ``list()`` and ``count()`` at once."""
         program = _as_program(program)
         run_timeout = self.timeout if timeout is None else float(timeout)
         if run_timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         job = Job(exec_id=f"x{next(self._ids):06d}-{uuid.uuid4().hex[:6]}", program=program,
                    timeout=run_timeout, tags={**self.default_tags, **(tags or {})}, reference=reference,
-                   future=concurrent.futures.Future())
+                   future=ExecutionFuture())
+        job.future.on_cancel = lambda: self._cancel(job)
         with self._lock:
             if self._closed:
                 raise RuntimeError("SandboxPool is closed; create a new pool")
@@ -179,6 +182,18 @@ class SandboxPool:
         for job in running + [j for j in pending if j.slot is not None]:  # queued at a worker too
             job.slot.kill_running(job)
         return len(pending) + len(running)
+
+    def _cancel(self, job: Job) -> None:
+        """The caller cancelled ``job``'s future: off the table now, killed if a worker has it
+        (a slot that takes it later sees it done and never sends it)."""
+        with self._lock:
+            if job.state == "done":
+                return
+            job.state, job.stop_requested = "done", True
+            self._jobs.pop(job.exec_id, None)
+            slot = job.slot
+        if slot is not None:
+            slot.kill_running(job)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
