@@ -38,12 +38,14 @@ class GracefulShutdown(L.Callback):
         self.requeue = False  # SIGUSR1 reached some rank: rank zero requeues after the save
         self._agreed = False  # every rank knows of the request (see ``agreed``)
         self._stopped = False  # the save and the stop are done
+        self._scoring_only = False  # rlcode validate / test
         self._previous: dict[int, object] = {}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Before any eval: the start-of-run eval (an earlier callback's on_train_start) used to run
         # with Lightning's SIGTERM handler, which only logs, so SIGTERM went unheard for minutes.
         self._agreed = self._stopped = False  # a notebook may fit the same trainer again
+        self._scoring_only = stage in ("validate", "test")  # nothing to save: the message says so
         _keep_lightning_off_the_signals(trainer)
         self._install()
 
@@ -64,14 +66,14 @@ class GracefulShutdown(L.Callback):
         self.requested = signal.Signals(signum).name
         self.requeue = self.requeue or signum == signal.SIGUSR1
         then = ", then requeueing the job" if self.requeue else ""
+        plan = ("finishing this batch, then stopping" if self._scoring_only
+                else f"finishing this step or eval batch, then saving a checkpoint{then}")
         if signum == signal.SIGUSR1:
             # SLURM's warning: its SIGTERM at the limit (or a repeated warning) must not turn into an
             # immediate stop that skips the save and the requeue, so the handlers stay.
-            rank_zero_info(f"\n{self.requested} received: finishing this step or eval batch, then saving a "
-                           f"checkpoint{then}")
+            rank_zero_info(f"\n{self.requested} received: {plan}")
             return
-        rank_zero_info(f"\n{self.requested} received: finishing this step or eval batch, then saving a "
-                       f"checkpoint{then} (send it again to stop at once)")
+        rank_zero_info(f"\n{self.requested} received: {plan} (send it again to stop at once)")
         # A second signal acts immediately. Not through the handler found at start: under Lightning
         # that is its own SIGTERM handler, which only logs, so a second SIGTERM did not stop the run.
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
@@ -118,8 +120,9 @@ class GracefulShutdown(L.Callback):
 
     def _stop_loop(self, trainer, batch_idx: int) -> None:
         """``rlcode validate`` / ``test``: stop before the next batch; the CLI prints the message."""
-        if trainer.state.fn in ("validate", "test") and self.agreed(trainer):
-            raise stop_request.StopRequested(f"{trainer.state.fn} stopped by {self.requested} after {batch_idx} "
+        command = getattr(trainer.state.fn, "value", trainer.state.fn)  # TrainerFn.VALIDATING: "validate"
+        if command in ("validate", "test") and self.agreed(trainer):
+            raise stop_request.StopRequested(f"{command} stopped by {self.requested} after {batch_idx} "
                                              "batches; no results written (run it again to score the checkpoint)")
 
     @staticmethod

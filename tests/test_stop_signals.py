@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).resolve().parent / "stop_stand_ins.py"
 
 
-def fit(root: Path, when: str, signal_name: str, *extra: str) -> subprocess.CompletedProcess:
+def fit(root: Path, when: str, signal_name: str, *extra: str, command: str = "fit") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    arguments = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+    arguments = [command, "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
                  "--config", str(REPO / "configs/tiny_grpo.yaml"), "--run.root_dir", str(root),
                  "--model.mode.rewards", "['stop_stand_ins:reward_sending_the_signal']",
                  "--model.mode.sandbox.workers", "1", "--eval.batch_size", "1", *extra]
@@ -125,6 +125,21 @@ def test_a_signal_during_a_save_finishes_the_save_then_stops(tmp_path):
     # The save in flight (SAVE_SECONDS and the tiny model's write), then the summary: within one
     # more SAVE_SECONDS, where a step and its save would take a further SAVE_SECONDS at least.
     assert first(events, "exit")["t"] - first(events, "signal")["t"] < 2 * SAVE_SECONDS + BATCH_SECONDS
+
+
+@pytest.mark.slow
+def test_sigterm_during_rlcode_validate_stops_after_the_batch_in_flight_with_one_line(tmp_path):
+    done = fit(tmp_path, "eval-batch@1", "SIGTERM", "--data.eval_batch_size", "1", "--eval.num_questions", "6",
+               command="validate")
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = read_events(tmp_path)
+    assert not after_signal(events, "eval_batch"), "no batch begins after the signal"
+    # The batch in flight (at most BATCH_SECONDS), then the exit: within one more batch time, where
+    # the 4 batches left would take 4 * BATCH_SECONDS.
+    assert first(events, "exit")["t"] - first(events, "signal")["t"] < 2 * BATCH_SECONDS
+    assert "rlcode validate stopped by SIGTERM after 2 batches; no results written" in done.stdout, done.stdout[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("eval/*.json")), "no verdict file for the unfinished validate"
 
 
 # ---- the pieces, without a run ------------------------------------------------------------------
