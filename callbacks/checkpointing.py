@@ -22,6 +22,8 @@ from weakref import proxy
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from rlcode.callbacks import stop_request
+
 # GRPO steps the optimizer inside training_step by design, so a checkpoint holds the state after
 # the step it is named after; Lightning's warning about exactly that is noise here.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -67,6 +69,14 @@ class StepCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
         return self.last_model_path or None
+
+    def on_train_batch_end(self, trainer, pl_module, *args, **kwargs) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        # A signal that landed during this save (or after the shutdown looked at this batch end) stops
+        # the run now, not a whole step later. Lightning runs checkpoint callbacks after all others, so
+        # this is the last look before the next step.
+        if stop_request.agreed(trainer):
+            stop_request.stop_now(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
         # Lightning's would leave last.ckpt linked to the last numbered checkpoint when max_steps is

@@ -4,6 +4,9 @@ Each evaluation plays every game of ``data.games`` with the policy in seat 0 and
 (``data.eval_episodes`` deals each, the same deals every time) and logs ``spiral/<game>/win_rate``,
 ``draw_rate``, ``loss_rate``, ``invalid_move_rate`` and the per-role RAE baselines
 (``spiral/<game>/baseline_role<r>``) at the trainer's step. It does nothing for modes without games.
+
+A stop signal is acted on between games (``rlcode.callbacks.stop_request``): the eval is abandoned
+unrecorded, the run saves and stops, and a resumed run plays the eval due at its step first.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from rlcode.callbacks import stop_request
 from rlcode.envs.game_evaluation import outcome_rates, rate_metrics
 
 
@@ -28,13 +32,18 @@ class GameEval(L.Callback):
         self.at_end = at_end
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.at_start and not pl_module.history.evaluated_at(trainer.global_step, games=True):
+        # A run stopped before (or during) the eval due at its step plays it first on resume
+        step = trainer.global_step
+        if (self.at_start or self._due(step)) and not pl_module.history.evaluated_at(step, games=True):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, history = trainer.global_step, pl_module.history
-        if self.every_n_steps and step % self.every_n_steps == 0 and not history.evaluated_at(step, games=True):
+        if self._due(step) and not history.evaluated_at(step, games=True):
             self.evaluate(trainer, pl_module)
+
+    def _due(self, step: int) -> bool:
+        return bool(self.every_n_steps) and step > 0 and step % self.every_n_steps == 0
 
     def on_train_end(self, trainer, pl_module) -> None:
         history = pl_module.history  # stopped by a signal (set at a batch end, an earlier hook): no final eval
@@ -46,8 +55,10 @@ class GameEval(L.Callback):
         if not callable(getattr(mode, "play_against_random", None)) or not hasattr(trainer.datamodule, "eval_batches"):
             return None  # not a game mode
 
-        episodes = [e for batch in trainer.datamodule.eval_batches()
-                    for e in mode.play_against_random(pl_module, batch, seed=trainer.global_step)]
+        episodes = self._play(trainer, pl_module, mode)
+        if episodes is None:  # a stop: the save comes first, this eval runs again on resume
+            stop_request.stop_now(trainer, pl_module)
+            return None
         metrics = rate_metrics(outcome_rates(episodes))
         for key, value in mode.baselines.values.items():
             game, role = key.rsplit("/", 1)
@@ -63,3 +74,17 @@ class GameEval(L.Callback):
             rank_zero_info(f"  Games vs random at step {trainer.global_step} ({game}): "
                            + ", ".join(f"{k.removesuffix('_rate')} {v:.2f}" for k, v in rates.items()))
         return metrics
+
+    @staticmethod
+    def _play(trainer, pl_module, mode) -> list | None:
+        """Every game's episodes, or None when the ranks agreed to stop before one of the games (asked
+        before each: a stop waits for one game's batch of episodes at most)."""
+        episodes: list = []
+        for number, batch in enumerate(trainer.datamodule.eval_batches()):
+            if stop_request.agreed(trainer):
+                if number:
+                    rank_zero_info(f"  Games vs random at step {trainer.global_step} abandoned after {number} "
+                                   "game(s); they run again on resume")
+                return None
+            episodes.extend(mode.play_against_random(pl_module, batch, seed=trainer.global_step))
+        return episodes

@@ -12,6 +12,10 @@ as this callback would: ``MBPP_EVAL_NUM_QUESTIONS``, else ``data.num_eval_tasks`
 ``num_questions``; and the callback writes its per-problem results to the same
 ``eval/step_<n>.json`` (``rlcode test``: ``eval/test_step_<n>.json``; the environment variable sizes
 it too).
+
+A stop signal is acted on between batches (``rlcode.callbacks.stop_request``): a running eval is
+abandoned, writes no file and is not recorded, the run saves and stops, and a resumed run evaluates
+at its first step again when an eval was due there (at start or at an interval step).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
+from rlcode.callbacks import stop_request
 from rlcode.data.prompts import build_prompt
-from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, score_policy
+from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, EvalStopped, score_policy
 from rlcode.eval.progress import EvalProgress
 from rlcode.run_dir import run_directory
 
@@ -146,14 +151,19 @@ class MBPPEval(L.Callback):
 
     # ---- when --------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
-        # A resumed run whose checkpoint's history holds an eval at this step does not repeat it
-        if self.at_start and not pl_module.history.evaluated_at(trainer.global_step):
+        # A resumed run whose checkpoint's history holds an eval at this step does not repeat it; one
+        # stopped before (or during) the eval due at its step runs that eval first.
+        step = trainer.global_step
+        if (self.at_start or self._due(step)) and not pl_module.history.evaluated_at(step):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
+        if self._due(step) and step != self._last_step:
             self.evaluate(trainer, pl_module)
+
+    def _due(self, step: int) -> bool:
+        return bool(self.every_n_steps) and step > 0 and step % self.every_n_steps == 0
 
     def on_train_end(self, trainer, pl_module) -> None:
         # Stopped by a signal (set at a batch end, an earlier hook): no final eval
@@ -170,18 +180,28 @@ class MBPPEval(L.Callback):
         datamodule = trainer.datamodule
         if not hasattr(datamodule, "eval_tasks"):
             return None  # not an MBPP mode (e.g. SPIRAL games: see callbacks/game_eval.py)
+        if stop_request.agreed(trainer):  # asked during the step: the save comes first, the eval on resume
+            stop_request.stop_now(trainer, pl_module)
+            return None
         tasks = datamodule.eval_tasks(self.effective_num_questions)
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
         # A line per batch while it runs; the last batch's is the summary line below.
         where = self._where(datamodule.eval_split)
         label = BENCHMARK_NAMES[self.benchmark]
         progress = EvalProgress(f"{label} eval at step {trainer.global_step} ({where})", len(tasks), last_line=False)
-        report = score_policy(
-            pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
-            split=where, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
-            temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
-            timeout=self.timeout, batch_size=self.batch_size or datamodule.resolved_eval_batch_size(),
-            progress=progress, benchmark=self.benchmark)
+        try:
+            report = score_policy(
+                pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
+                split=where, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
+                temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
+                timeout=self.timeout, batch_size=self.batch_size or datamodule.resolved_eval_batch_size(),
+                progress=progress, benchmark=self.benchmark, should_stop=stop_request.checker(trainer))
+        except EvalStopped as stopped:
+            # Nothing written or recorded: the history has no eval at this step, so a resume runs it.
+            rank_zero_info(f"  {label} eval at step {trainer.global_step} abandoned ({stopped}); "
+                           "it runs again on resume")
+            stop_request.stop_now(trainer, pl_module)
+            return None
         self._last_step = trainer.global_step
         path = None
         if trainer.is_global_zero:

@@ -36,9 +36,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import lightning as L  # noqa: E402
 from jsonargparse import ArgumentError  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
+from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
 from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume_guard  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
@@ -335,6 +337,8 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         raise SystemExit(f"rlcode: {error}") from None
+    except StopRequested as stopped:  # validate / test asked to stop by a signal: a clean exit, one line
+        rank_zero_only(print)(f"rlcode {stopped}", flush=True)
     finally:
         finish_wandb()
 

@@ -153,7 +153,7 @@ def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path)
         # what the evals (no final one) and the summary read
         assert (module.history.stopped_by, module.history.saved_on_stop) == ("SIGINT", f"{tmp_path}/last.ckpt")
     finally:
-        callback.on_train_end(trainer, None)
+        callback.teardown(trainer, None, "fit")  # after the final eval, which a signal may abandon too
     assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -169,7 +169,7 @@ def test_a_second_sigterm_stops_at_once_even_under_a_logging_handler():
         signal.raise_signal(signal.SIGTERM)
         assert callback.requested == "SIGTERM" and not logged
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the next SIGTERM terminates
-        callback.on_train_end(trainer, None)
+        callback.teardown(trainer, None, "fit")
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the run's end puts back the one found
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -168,6 +168,45 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 
+def test_a_signal_to_one_rank_during_the_start_eval_stops_every_rank_between_batches(tmp_path):
+    """Generation can be collective (FSDP gathers the weights): a rank leaving the eval alone would
+    leave the other waiting forever. The ranks agree at each batch boundary and leave together."""
+    ranks = _run_two_ranks(tmp_path, "eval-signal", timeout=150)
+    assert [r["eval_batches"] for r in ranks] == [1, 1], "both ranks stop after the batch in flight"
+    assert [r["global_step"] for r in ranks] == [0, 0] and not list(tmp_path.rglob("eval/*.json"))
+
+
+def _run_eval_signal_rank(out_dir: Path) -> None:
+    """Body of each rank: rank zero alone gets a stop request (as from SIGTERM) during the start eval's
+    first batch; each rank writes how many eval batches it generated."""
+    import torch
+
+    from rlcode.callbacks import stop_request
+    from rlcode.cli import main
+    from rlcode.eval import policy_scoring
+    from rlcode.training.learner import Learner
+
+    batches, original_generate = [0], policy_scoring._generate
+
+    def generate(module, *args, **kwargs):
+        batches[0] += 1
+        if module.global_rank == 0:
+            stop_request._active.requested = "SIGTERM"
+        return original_generate(module, *args, **kwargs)
+
+    def on_train_end(self):
+        record = {"eval_batches": batches[0], "global_step": self.trainer.global_step}
+        (out_dir / f"rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
+
+    policy_scoring._generate, Learner.on_train_end = generate, on_train_end
+    torch.set_num_threads(1)
+    strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"process_group_backend": "gloo"}}
+    main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
+          "--config", str(REPO / "configs/tiny_grpo.yaml"), "--run.root_dir", str(out_dir / "runs"),
+          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
+          "--model.mode.sandbox.workers", "1", "--eval.num_questions", "4", "--eval.batch_size", "1"])
+
+
 def _run_equivalence(out_dir: Path, devices: int) -> None:
     """One GRPO step on fixed rollouts (grpo_harness): 2 prompts per rank on ``devices`` ranks, or
     the same 4 prompts on one device; rank zero saves the update's (all-reduced) gradients."""
@@ -256,6 +295,9 @@ def test_spiral_role_baselines_agree_across_ranks(tmp_path):
 if __name__ == "__main__":
     if sys.argv[2] == "spiral":
         _run_spiral_rank(Path(sys.argv[1]))
+        sys.exit(0)
+    if sys.argv[2] == "eval-signal":
+        _run_eval_signal_rank(Path(sys.argv[1]))
         sys.exit(0)
     if sys.argv[2] == "equivalence":
         _run_equivalence(Path(sys.argv[1]), int(sys.argv[3]))

@@ -10,7 +10,7 @@ template as training); programs run in a sandbox pool against the problem's asse
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from rlcode.data.humaneval import program_for
 from rlcode.data.prompts import length_order
@@ -21,6 +21,15 @@ from rlcode.sandbox.verdict import check_against_tests
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
 # progress lines show; a report's metrics are "<benchmark>_eval/...".
 BENCHMARK_NAMES = {"mbpp": "MBPP", "humaneval": "HumanEval"}
+
+
+class EvalStopped(Exception):
+    """The eval gave up between two batches because a stop was asked for (a signal): its partial
+    results are dropped, so nothing can pass them for a finished eval."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"stopped after {done} of {total} problems")
+        self.done, self.total = done, total
 
 
 class Problem(Protocol):
@@ -89,7 +98,7 @@ class EvalReport:
 def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, *, step: int, split: str,
                  num_samples: int = 0, ks: Sequence[int] = (), temperature: float = 0.0, max_new_tokens: int,
                  timeout: float, batch_size: int, progress: EvalProgress | None = None,
-                 benchmark: str = "mbpp") -> EvalReport:
+                 benchmark: str = "mbpp", should_stop: Callable[[], bool] | None = None) -> EvalReport:
     """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
 
     ``prompts`` are rendered (one per problem); ``batch_size`` prompts of similar length are
@@ -97,12 +106,18 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     can report it. Greedy completions do not depend on the batch size or on which prompts share a
     batch (``tests/test_eval_batching.py``): both set speed only. The report lists the problems in
     the order given.
+
+    ``should_stop`` is asked before each batch is generated (greedy, then sampled); when it says yes,
+    ``EvalStopped`` is raised: a stop waits for one batch at most. Under DDP it must give every rank
+    the same answer at the same batch (``rlcode.callbacks.stop_request.agreed``).
     """
     if batch_size < 1:
         raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
     results: list[ProblemResult | None] = [None] * len(prompts)
     order = length_order(prompts)  # batches of similar lengths, padded little; results stay in order
+    stop = _stopper(should_stop, len(prompts))
     for start in range(0, len(order), batch_size):
+        stop(start)
         chosen = order[start:start + batch_size]
         batch_problems = [problems[i] for i in chosen]
         greedy = _generate(module, [prompts[i] for i in chosen], 1, 0.0, max_new_tokens, batch_size, seed=step + start)
@@ -114,7 +129,7 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     pass_at_k = {}
     if num_samples > 0:
         sampled = _generate(module, prompts, num_samples, temperature, max_new_tokens,
-                            max(1, batch_size // num_samples), seed=step + 1)
+                            max(1, batch_size // num_samples), seed=step + 1, stop=stop)
         verdicts = _check_all(pool, problems, sampled, num_samples, timeout)
         counts = {}
         for index, result in enumerate(results):
@@ -144,10 +159,19 @@ def score_batch(module, batch: dict, pool, *, split: str, timeout: float,
                         benchmark="humaneval" if batch.get("program_prefix") else "mbpp")
 
 
+def _stopper(should_stop: Callable[[], bool] | None, total: int) -> Callable[[int], None]:
+    """Raises ``EvalStopped`` when ``should_stop`` says so; called with the problems done so far."""
+    def stop(done: int) -> None:
+        if should_stop is not None and should_stop():
+            raise EvalStopped(done, total)
+    return stop
+
+
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
-              prompts_per_batch: int, seed: int) -> list[str]:
+              prompts_per_batch: int, seed: int, stop: Callable[[int], None] = lambda done: None) -> list[str]:
     texts: list[str] = []
     for start in range(0, len(prompts), prompts_per_batch):
+        stop(len(prompts))  # the greedy pass is done; the sampled one is not (so: all but finished)
         rollout = module.generate(prompts[start:start + prompts_per_batch], per_prompt, temperature=temperature,
                                   max_new_tokens=max_new_tokens, seed=seed + start)
         texts.extend(rollout.completion_texts)
