@@ -222,6 +222,9 @@ def _choose_precision(config, profile=None) -> None:
     """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
     older, 32-true on CPU). Says what it found and chose, once, at start."""
     info = platform.detect_platform()
+    problem = platform.torch_build_problem(info)  # a CUDA 13 torch on a V100 fails at its first kernel
+    if problem:
+        raise cli_errors.UserError(problem)
     chosen = config["trainer"].get("precision")
     how = "from the config"
     if chosen is None:
