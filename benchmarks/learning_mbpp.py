@@ -1,7 +1,7 @@
 """Does training move MBPP pass@1? Greedy pass@1 on the 500 MBPP test problems before and after a
 CPU run of a recipe, per seed, with McNemar's exact test on the same problems.
 
-Each seed is one ``rlcode fit --config CONFIG`` (default ``configs/learn_mbpp_cpu.yaml``: its MBPP
+Each seed is one ``rlcode fit --config CONFIG`` (default ``benchmarks/configs/learn_mbpp_cpu.yaml``: its MBPP
 eval callback scores the whole test split greedily at start and at end and writes every problem's
 verdict to ``<run>/eval/step_<n>.json``). Greedy decoding of the same base model gives the same
 baseline for every seed, so only the first seed evaluates at start and the others reuse it
@@ -14,7 +14,7 @@ HumanEval (164 problems, never trained on) is the held-out benchmark: after each
 model (reused by every seed like the MBPP baseline); the same table and test are reported for it
 (``--no-humaneval`` skips it). Its verdicts are in ``<run>/humaneval/.../eval/test_step_0.json``.
 
-    .venv/bin/python benchmarks/learning_mbpp.py [--config configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/learning_mbpp.py [--config benchmarks/configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
         [--threads 2] [--json out.json] [-- any rlcode fit arguments]
     .venv/bin/python benchmarks/learning_mbpp.py --seeds 1 --baseline SEED0_RUN_DIR   # more seeds, in parallel
     .venv/bin/python benchmarks/learning_mbpp.py --from-runs RUN_DIR...   # summarize finished runs
@@ -165,7 +165,7 @@ def print_table(rows: list[dict], recipe: str, benchmark: str = "MBPP test") -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, nargs="+", default=[REPO / "configs" / "learn_mbpp_cpu.yaml"],
+    parser.add_argument("--config", type=Path, nargs="+", default=[REPO / "benchmarks" / "configs" / "learn_mbpp_cpu.yaml"],
                         help="the recipe: a config and optional overlays (rlcode fit --config ...)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)

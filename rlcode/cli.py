@@ -39,7 +39,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
-from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks  # noqa: E402
+from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, config_overlays  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -143,6 +143,7 @@ class RLCodeCLI(LightningCLI):
         # The user's own arguments: errors point into them and the summary's resume command repeats them.
         self.arguments = sys.argv[1:] if args is None else list(args)
         cli_old_form.check(self.arguments)  # a config of the form before modes: one line naming the new form
+        config_overlays.check_not_only_overlays(self.arguments)  # alone, an overlay trains on the defaults
         try:
             # Before parsing, so that --print_config shows the GPU profile's values.
             argv, self._platform_profile = with_profile(parser, args)
