@@ -173,7 +173,8 @@ class RLCodeCLI(LightningCLI):
             config["ckpt_path"], version = find_last_checkpoint(config["run"])
         else:
             version = version_of(config.get("ckpt_path"), config["run"])
-        config["ckpt_path"] = _readable_by_the_strategy(config.get("ckpt_path"), self.subcommand, config["trainer"])
+        if "ckpt_path" in config:  # RLCodeCLI(run=False), as tests and notebooks build it, has no ckpt_path
+            config["ckpt_path"] = _readable_by_the_strategy(config["ckpt_path"], self.subcommand, config["trainer"])
         if self.subcommand == "fit":
             self._resume_version = version  # keep writing into the interrupted run's directory
             self._resume_step = resumed_step(config["ckpt_path"], config["run"], version)
