@@ -3,13 +3,22 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 # torch goes in first, alone, at the version the suite last passed with; which build comes is pip's
-# choice: PyPI's Linux x86_64 wheel is the CUDA build, a machine that serves its own CPU wheel gets
+# choice: PyPI's Linux x86_64 wheel is the CUDA 13 build, a machine that serves its own CPU wheel gets
 # that. TORCH_INDEX adds a PyTorch index for another build, e.g.
 # `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` (or .../whl/cu126).
+# CUDA 13 dropped the GPUs before Turing (compute capability 7.5): on a V100 (7.0) or a P100 (6.0)
+# PyPI's torch imports and then fails at its first kernel, and only the cu126 builds still hold them.
+# So where nvidia-smi answers and its oldest GPU is older than 7.5, TORCH_INDEX defaults to cu126
+# (`make setup TORCH_INDEX=` keeps PyPI's). Lazy (=): nvidia-smi runs only for targets installing torch.
 TORCH_VERSION := 2.13.0
 TORCH ?= torch==$(TORCH_VERSION)
-TORCH_INDEX ?=
-TORCH_PIP := "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+CU126_INDEX := https://download.pytorch.org/whl/cu126
+OLDEST_GPU = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+	| grep -E '^[0-9]+\.[0-9]+$$' | sort -n | head -n1)
+PRE_TURING = $(shell awk -v cap="$(OLDEST_GPU)" 'BEGIN { if (cap != "" && cap + 0 < 7.5) print "yes" }')
+TORCH_INDEX ?= $(if $(PRE_TURING),$(CU126_INDEX))
+TORCH_PIP = "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+TORCH_FROM = $(if $(PRE_TURING),$(if $(TORCH_INDEX),, (this GPU's compute capability $(OLDEST_GPU) needs TORCH_INDEX=$(CU126_INDEX))),)
 # Every other package at the version the suite last passed with (pip constraints; `make lock`
 # refreshes them). Not in it: torch and the CUDA libraries PyPI's torch wheel pulls in, so the
 # lock never fights the torch build a machine needs.
@@ -37,7 +46,7 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 $(STAMP): pyproject.toml $(LOCK)
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing $(TORCH) and rlcode[dev] (versions from $(LOCK)) into $(VENV) ..."
+	@echo "installing $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX)$(if $(PRE_TURING), (compute capability $(OLDEST_GPU) is before CUDA 13's 7.5)))$(TORCH_FROM) and rlcode[dev] (versions from $(LOCK)) into $(VENV) ..."
 	@$(PIP) --upgrade pip
 	@$(PIP) -c $(LOCK) $(TORCH_PIP)
 	@$(PIP) -c $(LOCK) -e ".[dev]"

@@ -1,7 +1,7 @@
 """Does training move MBPP pass@1? Greedy pass@1 on the 500 MBPP test problems before and after a
 CPU run of a recipe, per seed, with McNemar's exact test on the same problems.
 
-Each seed is one ``rlcode fit --config CONFIG`` (default ``configs/learn_mbpp_cpu.yaml``: its MBPP
+Each seed is one ``rlcode fit --config CONFIG`` (default ``benchmarks/configs/learn_mbpp_cpu.yaml``: its MBPP
 eval callback scores the whole test split greedily at start and at end and writes every problem's
 verdict to ``<run>/eval/step_<n>.json``). Greedy decoding of the same base model gives the same
 baseline for every seed, so only the first seed evaluates at start and the others reuse it
@@ -12,9 +12,9 @@ McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2).
 HumanEval (164 problems, never trained on) is the held-out benchmark: after each seed's fit,
 ``rlcode test --eval.benchmark humaneval`` scores the final checkpoint greedily, and once the base
 model (reused by every seed like the MBPP baseline); the same table and test are reported for it
-(``--no-humaneval`` skips it). Its verdicts are in ``<run>/humaneval/.../eval/test_step_0.json``.
+(``--no-humaneval`` skips it). Its verdicts are in ``eval/test_step_<n>.json`` beside the checkpoint, in ``<run>/runs/...``.
 
-    .venv/bin/python benchmarks/learning_mbpp.py [--config configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/learning_mbpp.py [--config benchmarks/configs/learn_mbpp_cpu.yaml [OVERLAY]] [--seeds 0 1 2]
         [--threads 2] [--json out.json] [-- any rlcode fit arguments]
     .venv/bin/python benchmarks/learning_mbpp.py --seeds 1 --baseline SEED0_RUN_DIR   # more seeds, in parallel
     .venv/bin/python benchmarks/learning_mbpp.py --from-runs RUN_DIR...   # summarize finished runs
@@ -59,7 +59,7 @@ def verdicts(path: Path) -> dict[int, bool]:
 
 def base_model_verdicts(path: Path) -> Path:
     """``path``, refused when it names the checkpoint it scored: a trained seed's HumanEval verdicts
-    (``<run>/humaneval/.../test_step_0.json``) have the same file name as the base model's. Verdict files
+    (``eval/test_step_<n>.json``) have the same form of file name as the base model's. Verdict files
     written before rlcode recorded ``ckpt_path`` cannot be told apart and are taken as given."""
     checkpoint = json.loads(path.read_text()).get("ckpt_path")
     if checkpoint:
@@ -103,7 +103,7 @@ def humaneval_test(configs: list[Path], root: Path, threads: int, checkpoint: Pa
                *(["--ckpt_path", str(checkpoint)] if checkpoint is not None else [])]
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     subprocess.run(command, cwd=REPO, check=True)
-    return humaneval_file(root)
+    return humaneval_file(root if checkpoint is None else checkpoint.parent.parent)  # beside the checkpoint's run
 
 
 def humaneval_file(root: Path) -> Path:
@@ -142,8 +142,10 @@ def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None,
                                     "eval.at_start true")
         last = max(files)
         rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(start), verdicts(files[last]))})
-        if humaneval_baseline is not None and (run / "humaneval").is_dir():
-            rows[-1]["humaneval"] = compare(verdicts(humaneval_baseline), verdicts(humaneval_file(run / "humaneval")))
+        scored = (run / "humaneval").is_dir() or any(run.rglob("eval/test_step_*.json"))
+        if humaneval_baseline is not None and scored:
+            # the trained seed's verdicts lie beside its checkpoint (before: under humaneval/): both are below run
+            rows[-1]["humaneval"] = compare(verdicts(humaneval_baseline), verdicts(humaneval_file(run)))
     return rows
 
 
@@ -165,7 +167,7 @@ def print_table(rows: list[dict], recipe: str, benchmark: str = "MBPP test") -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, nargs="+", default=[REPO / "configs" / "learn_mbpp_cpu.yaml"],
+    parser.add_argument("--config", type=Path, nargs="+", default=[REPO / "benchmarks" / "configs" / "learn_mbpp_cpu.yaml"],
                         help="the recipe: a config and optional overlays (rlcode fit --config ...)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)

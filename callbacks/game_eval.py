@@ -3,7 +3,9 @@
 Each evaluation plays every game of ``data.games`` with the policy in seat 0 and in seat 1
 (``data.eval_episodes`` deals each, the same deals every time) and logs ``spiral/<game>/win_rate``,
 ``draw_rate``, ``loss_rate``, ``invalid_move_rate`` and the per-role RAE baselines
-(``spiral/<game>/baseline_role<r>``) at the trainer's step. It does nothing for modes without games.
+(``spiral/<game>/baseline_role<r>``) at the trainer's step, and writes ``<run dir>/eval/games_step_<n>.json``:
+per game and opponent those rates and the episode count, then every episode with its turns. It does
+nothing for modes without games.
 
 A stop signal is acted on between games (``rlcode.callbacks.stop_request``): the eval is abandoned
 unrecorded, the run saves and stops, and a resumed run plays the eval due at its step first.
@@ -11,11 +13,14 @@ unrecorded, the run saves and stops, and a resumed run plays the eval due at its
 
 from __future__ import annotations
 
+import json
+
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from rlcode.callbacks import stop_request
-from rlcode.envs.game_evaluation import outcome_rates, rate_metrics
+from rlcode.envs.game_evaluation import eval_report, outcome_rates, rate_metrics
+from rlcode.run_dir import run_directory
 
 
 class GameEval(L.Callback):
@@ -64,6 +69,7 @@ class GameEval(L.Callback):
             game, role = key.rsplit("/", 1)
             metrics[f"spiral/{game}/baseline_role{role}"] = value
         if trainer.is_global_zero:
+            self._write_report(trainer, episodes)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
                 logger.save()
@@ -88,3 +94,10 @@ class GameEval(L.Callback):
                 return None
             episodes.extend(mode.play_against_random(pl_module, batch, seed=trainer.global_step))
         return episodes
+
+    @staticmethod
+    def _write_report(trainer, episodes) -> None:
+        """``eval/games_step_<n>.json``: what the metrics summarize, episode by episode."""
+        path = run_directory(trainer) / "eval" / f"games_step_{trainer.global_step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(eval_report(trainer.global_step, episodes), indent=2, default=str))

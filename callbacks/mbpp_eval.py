@@ -9,9 +9,10 @@ recipe.
 
 ``rlcode validate`` (Lightning's validation loop, batches from the DataModule) scores as many problems
 as this callback would: ``MBPP_EVAL_NUM_QUESTIONS``, else ``data.num_eval_tasks`` when set, else
-``num_questions``; and the callback writes its per-problem results to the same
-``eval/step_<n>.json`` (``rlcode test``: ``eval/test_step_<n>.json``; the environment variable sizes
-it too).
+``num_questions``; and the callback writes its per-problem results to
+``eval/validate_step_<n>.json`` (``rlcode test``: ``eval/test_step_<n>.json``; the environment variable
+sizes it too), n the checkpoint's step, in the checkpoint's own run directory when it lies in one
+(``<run>/checkpoints/``), else in this command's.
 
 A stop signal is acted on between batches (``rlcode.callbacks.stop_request``): a running eval is
 abandoned, writes no file and is not recorded, the run saves and stops, and a resumed run evaluates
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -32,7 +34,8 @@ from rlcode.callbacks import stop_request
 from rlcode.data.prompts import build_prompt
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, EvalStopped, score_policy
 from rlcode.eval.progress import EvalProgress
-from rlcode.run_dir import run_directory
+from rlcode.run_dir import checkpoint_metadata, run_directory
+from rlcode.run_dir.checkpoint_file import checkpoint_run_directory, original_checkpoint
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
 BENCHMARKS = tuple(BENCHMARK_NAMES)
@@ -123,30 +126,32 @@ class MBPPEval(L.Callback):
         self._collect(trainer, outputs)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        self._write_loop_report(trainer, getattr(trainer.datamodule, "eval_split", "validation"), "")
+        self._write_loop_report(trainer, getattr(trainer.datamodule, "eval_split", "validation"), "validate")
 
     def on_test_end(self, trainer, pl_module) -> None:
-        self._write_loop_report(trainer, "test", "test_")
+        self._write_loop_report(trainer, "test", "test")
 
     def _collect(self, trainer, outputs) -> None:
         if isinstance(outputs, EvalReport) and not trainer.sanity_checking:
             self._loop_reports.append(outputs)
 
-    def _write_loop_report(self, trainer, split: str, prefix: str) -> None:
+    def _write_loop_report(self, trainer, split: str, command: str) -> None:
         """The loop's per-problem results in one file, as an eval during fit writes them, naming the
-        benchmark and the checkpoint scored (``ckpt_path`` null: the model as configured, no checkpoint),
-        so a trained model's verdicts cannot pass for the base model's."""
+        benchmark, the checkpoint scored (``ckpt_path`` null: the model as configured, no checkpoint) and
+        its step, beside the checkpoint's run, so a trained model's verdicts cannot pass for the base
+        model's."""
         if trainer.state.fn not in ("validate", "test"):
             return  # fit: this callback's own evals write theirs
         problems = [problem for report in _gathered(self._loop_reports) for problem in report.problems]
         self._loop_reports = []
         if not problems or not trainer.is_global_zero:
             return
-        report = EvalReport(trainer.global_step, self._where(split), 0.0, sorted(problems, key=lambda p: p.task_id),
+        checkpoint, step, folder = _scored_checkpoint(trainer)
+        report = EvalReport(step, self._where(split), 0.0, sorted(problems, key=lambda p: p.task_id),
                             benchmark=self.benchmark)
-        path = run_directory(trainer) / "eval" / f"{prefix}step_{trainer.global_step}.json"
+        path = folder / "eval" / f"{command}_step_{step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**report.as_json(), "ckpt_path": trainer.ckpt_path}, indent=2))
+        path.write_text(json.dumps({**report.as_json(), "ckpt_path": checkpoint}, indent=2))
         rank_zero_info(f"  per-problem results: {path}")
 
     # ---- when --------------------------------------------------------------------------------
@@ -228,6 +233,17 @@ class MBPPEval(L.Callback):
             self._pool = pl_module.sandbox_pool(self.timeout, workers=self.sandbox_workers)
             self._pool.__enter__()
         return self._pool
+
+
+def _scored_checkpoint(trainer) -> tuple[str | None, int, Path]:
+    """(the checkpoint validate / test scored as the user named it, its step, the run directory its
+    report goes to). Lightning's validate and test restore the weights, not the step: the checkpoint's
+    metadata says it (a sharded folder's without its tensors)."""
+    if not trainer.ckpt_path:
+        return None, trainer.global_step, run_directory(trainer)
+    step = int(checkpoint_metadata(trainer.ckpt_path).get("global_step", 0))
+    return str(original_checkpoint(trainer.ckpt_path)), step, (checkpoint_run_directory(trainer.ckpt_path)
+                                                               or run_directory(trainer))
 
 
 def _environment_override() -> int | None:

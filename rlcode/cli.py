@@ -41,7 +41,7 @@ from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
 from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
-from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume_guard  # noqa: E402
+from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume_guard, config_overlays  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -145,6 +145,7 @@ class RLCodeCLI(LightningCLI):
         # The user's own arguments: errors point into them and the summary's resume command repeats them.
         self.arguments = sys.argv[1:] if args is None else list(args)
         cli_old_form.check(self.arguments)  # a config of the form before modes: one line naming the new form
+        config_overlays.check_not_only_overlays(self.arguments)  # alone, an overlay trains on the defaults
         try:
             # Before parsing, so that --print_config shows the GPU profile's values.
             argv, self._platform_profile = with_profile(parser, args)
@@ -183,7 +184,8 @@ class RLCodeCLI(LightningCLI):
             config["ckpt_path"], version = find_last_checkpoint(config["run"])
         else:
             version = version_of(config.get("ckpt_path"), config["run"])
-        config["ckpt_path"] = _readable_by_the_strategy(config.get("ckpt_path"), self.subcommand, config["trainer"])
+        if "ckpt_path" in config:  # RLCodeCLI(run=False), as tests and notebooks build it, has no ckpt_path
+            config["ckpt_path"] = _readable_by_the_strategy(config["ckpt_path"], self.subcommand, config["trainer"])
         if self.subcommand == "fit":
             cli_resume_guard.check_resume(config["ckpt_path"], config["model"])  # before resumed_step trims files
             self._resume_version = version  # keep writing into the interrupted run's directory
@@ -234,6 +236,9 @@ def _choose_precision(config, profile=None) -> None:
     """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
     older, 32-true on CPU). Says what it found and chose, once, at start."""
     info = platform.detect_platform()
+    problem = platform.torch_build_problem(info)  # a CUDA 13 torch on a V100 fails at its first kernel
+    if problem:
+        raise cli_errors.UserError(problem)
     chosen = config["trainer"].get("precision")
     how = "from the config"
     if chosen is None:

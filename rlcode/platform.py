@@ -25,6 +25,8 @@ class PlatformInfo:
         cpu_count: CPUs this process may use (affinity, not the machine's total).
         slurm_job_id: the SLURM job id when running inside a SLURM allocation.
         slurm_environment: the SLURM_* variables that shape the launch (tasks, nodes, GPUs).
+        torch_arch_list: ``torch.cuda.get_arch_list()`` of the installed build (empty on CPU).
+        torch_version: ``torch.__version__``.
     """
 
     device_type: str = "cpu"
@@ -35,6 +37,8 @@ class PlatformInfo:
     cpu_count: int = 1
     slurm_job_id: str | None = None
     slurm_environment: dict[str, str] = field(default_factory=dict)
+    torch_arch_list: tuple[str, ...] = ()
+    torch_version: str = ""
 
     @property
     def in_slurm(self) -> bool:
@@ -72,7 +76,66 @@ def detect_platform() -> PlatformInfo:
         cpu_count=cpu_count,
         slurm_job_id=slurm_job_id,
         slurm_environment=slurm_environment,
+        torch_arch_list=tuple(torch.cuda.get_arch_list()),
+        torch_version=torch.__version__,
     )
+
+
+# ---- the torch build: does it hold kernels for this GPU? ----------------------------------------------
+# PyPI's Linux torch wheel is a CUDA 13 build, and CUDA 13 dropped everything before Turing (sm_75):
+# on a V100 (sm_70) it imports fine and fails at the first kernel. PyTorch's cu126 builds keep sm_50+.
+CU126_INDEX = "https://download.pytorch.org/whl/cu126"
+_OLDEST_CUDA13_GPU = (7, 5)
+
+
+def _parse_arch(entry: str) -> tuple[str, tuple[int, int], str] | None:
+    """``"sm_90a"`` -> ("sm", (9, 0), "a"): kind, (major, minor), suffix (the last digit is the minor)."""
+    kind, _, rest = entry.partition("_")
+    suffix = rest[-1] if rest[-1:] in ("a", "f") else ""
+    digits = rest[: len(rest) - len(suffix)]
+    if kind not in ("sm", "compute") or len(digits) < 2 or not digits.isdigit():
+        return None
+    return kind, (int(digits[:-1]), int(digits[-1])), suffix
+
+
+def build_runs_on(arch_list, capability: tuple[int, int]) -> bool:
+    """Whether a build compiled for ``arch_list`` runs on a GPU of ``capability``.
+
+    A binary for sm_XY runs on sm_XZ with Z >= Y (same major) and an ``f`` (family) binary likewise;
+    an ``a`` (architecture-specific) binary only on its own GPU. PTX (``compute_XY``) is compiled
+    by the driver for any GPU from XY on, so a build with PTX older than the GPU still runs (slowly
+    at first).
+    """
+    for entry in arch_list:
+        parsed = _parse_arch(entry)
+        if parsed is None:
+            continue
+        kind, arch, suffix = parsed
+        if suffix == "a" and arch == capability:
+            return True
+        if suffix != "a" and kind == "sm" and arch[0] == capability[0] and arch[1] <= capability[1]:
+            return True
+        if suffix == "" and kind == "compute" and arch <= capability:
+            return True
+    return False
+
+
+def torch_build_problem(info: PlatformInfo) -> str | None:
+    """One line saying which torch build to install when the installed one lacks this GPU's
+    architecture; None when it runs here (or on CPU, or when the build lists no architectures)."""
+    if info.device_type != "cuda" or not info.compute_capability or not info.torch_arch_list:
+        return None
+    capability = info.compute_capability
+    if build_runs_on(info.torch_arch_list, capability):
+        return None
+    major, minor = capability
+    have = f"torch {info.torch_version} has no kernels for {info.gpu_name} (sm_{major}{minor}; it holds " \
+           f"{' '.join(info.torch_arch_list)})"
+    version = info.torch_version.split("+")[0]
+    if capability < _OLDEST_CUDA13_GPU:
+        return (f"{have}: install the CUDA 12.6 build: pip install 'torch=={version}+cu126' --extra-index-url "
+                f"{CU126_INDEX}")
+    return f"{have}: install a torch build for sm_{major}{minor} (https://pytorch.org/get-started/locally/)"
 
 
 def supports_bf16(info: PlatformInfo) -> bool:

@@ -23,6 +23,10 @@ NOISE = (
      "a run started from another run's checkpoint (or `rlcode validate --ckpt_path`) writes into its "
      "own directory; what is not reloaded is the old directory's best-k list, which rlcode does not use "
      "(checkpoints are kept by step)"),
+    (r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+     "`rlcode validate` / `test` score a checkpoint's weights, and a resumed run's callbacks keep nothing "
+     "that matters in their own state (the run history is the module's): a checkpoint written under other "
+     "checkpoint or eval settings has callback states under other names, which is expected"),
     (r"`(is_gradient_checkpointing|gradient_checkpointing_enable)` is deprecated",
      "peft calls transformers' old gradient-checkpointing names when it wraps a model in LoRA; rlcode "
      "itself calls the new ones (rlcode.models.loading)"),

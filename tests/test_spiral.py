@@ -202,6 +202,11 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["rlcode_resume"]["parts"]["mode"]["estimator"]["values"]["TicTacToe-v0/0"] != 0.0
     assert "TicTacToe-v0 vs random" in capsys.readouterr().out
+    report = json.loads((run / "eval/games_step_0.json").read_text())  # the start-of-run game eval
+    assert report["step"] == 0 and set(report["games"]["TicTacToe-v0"]["random"]) == {
+        "win_rate", "draw_rate", "loss_rate", "invalid_move_rate", "episodes"}
+    assert len(report["episodes"]) == report["games"]["TicTacToe-v0"]["random"]["episodes"] > 0
+    assert (run / f"eval/games_step_{checkpoint['global_step']}.json").is_file()  # and the end-of-run one
 
 
 def test_baselines_and_games_resume_exactly(tmp_path):

@@ -4,6 +4,7 @@ results; a command that fails before its run starts leaves no empty run director
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV
 from rlcode.cli import main
 from rlcode.run_dir import unstarted
+from rlcode.run_dir.checkpoint_file import _JOINED_FROM, checkpoint_run_directory
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
@@ -19,7 +21,7 @@ BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO 
 
 def validate(root: Path, *extra: str) -> dict:
     main(["validate", *BASE, "--run.root_dir", str(root), *extra])
-    (report,) = root.glob("tiny/version_*/eval/step_0.json")
+    (report,) = root.glob("tiny/version_*/eval/validate_step_0.json")
     return json.loads(report.read_text())
 
 
@@ -38,6 +40,34 @@ def test_validate_takes_its_size_from_the_eval_settings_and_writes_every_problem
 
     monkeypatch.delenv(NUM_QUESTIONS_ENV)
     assert validate(tmp_path / "data", "--data.num_eval_tasks", "2")["num_questions"] == 2  # said for validate
+
+
+def test_a_checkpoints_verdicts_name_its_step_and_lie_beside_its_run(tmp_path, monkeypatch):
+    """validate and test of a step-2 checkpoint write ``<its run>/eval/{validate,test}_step_2.json`` saying
+    step 2, whatever run.root_dir the command has; Lightning's warning about the checkpoint's callback
+    states (written under other checkpoint settings here) is not shown."""
+    monkeypatch.setenv(NUM_QUESTIONS_ENV, "1")
+    main(["fit", *BASE, "--run.root_dir", str(tmp_path / "trained"), "--eval.at_start", "false",
+          "--eval.at_end", "false", "--trainer.max_steps", "2"])
+    (run,) = (tmp_path / "trained/tiny").glob("version_*")
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    for command in ("validate", "test"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            main([command, *BASE, "--run.root_dir", str(tmp_path / "elsewhere"), "--ckpt_path", str(checkpoint),
+                  "--checkpoint.every_n_train_steps", "5"])
+        assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+        report = json.loads((run / "eval" / f"{command}_step_2.json").read_text())
+        assert report["step"] == 2 and report["ckpt_path"] == str(checkpoint) and len(report["problems"]) == 1
+    assert not list((tmp_path / "elsewhere").rglob("eval/*.json"))
+
+
+def test_a_joined_sharded_checkpoint_reports_for_its_folders_run(tmp_path, monkeypatch):
+    folder = tmp_path / "runs/x/version_3/checkpoints/last.ckpt"  # FSDP: a folder of shards
+    joined = tmp_path / "tmp/last.ckpt.joined"
+    monkeypatch.setitem(_JOINED_FROM, joined.resolve(), folder)
+    assert checkpoint_run_directory(joined) == checkpoint_run_directory(folder) == tmp_path / "runs/x/version_3"
+    assert checkpoint_run_directory(tmp_path / "model.ckpt") is None  # outside a run: the command's own
 
 
 def test_a_command_that_fails_before_it_starts_leaves_no_run_directory(tmp_path):

@@ -40,3 +40,26 @@ def outcome_rates(episodes: list[Episode]) -> dict[str, dict[str, float]]:
 def rate_metrics(rates: dict[str, dict[str, float]]) -> dict[str, float]:
     """``spiral/<game>/<rate>`` scalars."""
     return {f"spiral/{game}/{rate}": value for game, per_game in rates.items() for rate, value in per_game.items()}
+
+
+def eval_report(step: int, episodes: list[Episode], opponent: str = "random") -> dict:
+    """An eval's file: per game and opponent the four rates and the episode count, then every episode
+    (the policy's seat, outcome, whether it made an invalid move, and each turn's text and move)."""
+    rates = outcome_rates(episodes)
+    counts = defaultdict(int)
+    for episode in episodes:
+        counts[episode.game] += 1
+    return {"step": step,
+            "games": {game: {opponent: {**per_game, "episodes": counts[game]}} for game, per_game in rates.items()},
+            "episodes": [_episode_json(episode, opponent) for episode in episodes]}
+
+
+def _episode_json(episode: Episode, opponent: str) -> dict:
+    seat = episode.learner_seats[0]
+    result = episode.returns.get(seat, 0.0)
+    return {"game": episode.game, "seed": episode.seed, "seat": seat, "opponent": opponent,
+            "outcome": "win" if result > 0 else "loss" if result < 0 else "draw", "return": result,
+            "invalid_move": any(turn.learner and turn.info.get("valid") is False for turn in episode.turns),
+            "turns": [{"player": turn.player, "policy": turn.learner, "text": turn.text,
+                       **{key: turn.info[key] for key in ("move", "valid", "reason") if key in turn.info}}
+                      for turn in episode.turns]}

@@ -39,8 +39,24 @@ def load_whole_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+# joined file -> the sharded folder it was joined from: what a report names, and where its run is
+_JOINED_FROM: dict[Path, Path] = {}
+
+
 def joined_checkpoint_file(path: str | Path, folder: str | Path) -> Path:
     """A sharded checkpoint written again as one file in ``folder`` (what a run without FSDP reads)."""
     joined = Path(folder) / f"{Path(path).name}.joined"
     torch.save(load_whole_checkpoint(path), joined)
+    _JOINED_FROM[joined.resolve()] = Path(path)
     return joined
+
+
+def original_checkpoint(path: str | Path) -> Path:
+    """The checkpoint the user named: the sharded folder a temporary joined file came from, else ``path``."""
+    return _JOINED_FROM.get(Path(path).resolve(), Path(path))
+
+
+def checkpoint_run_directory(path: str | Path) -> Path | None:
+    """The run a checkpoint belongs to (``<run>/checkpoints/<name>``), or None for one outside a run."""
+    path = original_checkpoint(path)
+    return path.parent.parent if path.parent.name == "checkpoints" else None
