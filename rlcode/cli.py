@@ -86,7 +86,7 @@ class RunSettings:
             cpu_threads: torch's CPU threads (None: one per core). On a CPU shared with other jobs,
                 1 can be several times faster than 2.
             platform_profile: on a GPU, the detected kind's micro-batch, recomputation, eval
-                batch and size and vLLM share fill the keys no config sets (README "Platform profiles").
+                batch and size and vLLM share fill the keys no config sets (docs/configs.md, "Platform profiles").
         """
         self.experiment = experiment
         self.root_dir = root_dir

@@ -69,6 +69,13 @@ DATA_TITLE = ("Data: MBPPDataModule (MBPP prompts; the default) or GameDataModul
               "rlcode fit --data.help CLASS lists its settings")
 
 
+USAGE = ("rlcode {name} [--config FILE.yaml ...] [--model.KEY VALUE] [--model.mode.KEY VALUE] [--data.KEY VALUE]\n"
+         "       [--run.KEY VALUE] [--eval.KEY VALUE] [--checkpoint.KEY VALUE] [--trainer.KEY VALUE]\n"
+         "       [--ckpt_path PATH] [--print_config]")
+TRAINER_TITLE = ("Lightning's trainer flags (trainer.*; when unset, rlcode chooses precision for the hardware "
+                 "and, on several GPUs, the strategy)")
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
     """jsonargparse's formatter, keeping the line breaks of the description and the epilog."""
 
@@ -89,6 +96,20 @@ def describe_subcommands(parser) -> None:
             for option in group._group_actions:
                 if option.dest == "ckpt_path":
                     option.help, group.title = CKPT_PATH_HELP, f"Where {name} starts from"
+        rlcode_settings_first(subparser, name)
+
+
+def rlcode_settings_first(subparser, name: str) -> None:
+    """``rlcode <command> --help`` in the order a user reads it: a short usage line, then the mode and
+    the learner (``model``), the data, the run, the callbacks, where it starts from, and Lightning's
+    trainer flags last. Lightning's order put ~40 trainer flags first, in the usage line too."""
+    trainer = (getattr(subparser, "groups", None) or {}).get("trainer")
+    if trainer is None:
+        return
+    trainer.title = TRAINER_TITLE
+    subparser._action_groups.remove(trainer)
+    subparser._action_groups.append(trainer)
+    subparser.usage = USAGE.format(name=name)
 
 
 def retitle_groups(parser) -> None:

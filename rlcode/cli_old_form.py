@@ -5,7 +5,7 @@ setting under ``init_args``, the mode's own next to the shared ones. Now ``model
 (the settings every mode reads, no class_path) and ``model.mode:`` the mode with its own settings.
 jsonargparse would report such a config as an unknown key with the whole usage; this check runs
 first and names the new form: ``rlcode: model.num_generations is a setting of the mode now: write it
-under model.mode.init_args (see README 'Configs'); model.class_path rlcode.algorithms.spiral.SPIRAL
+under model.mode.init_args (see docs/configs.md); model.class_path rlcode.algorithms.spiral.SPIRAL
 is now model.mode.class_path rlcode.modes.SPIRAL``.
 """
 
@@ -26,7 +26,7 @@ RENAMED = {
     "sandbox_workers": "model.mode.init_args.sandbox.workers",
     "sandbox_allow_visible_filesystem": "model.mode.init_args.sandbox.allow_visible_filesystem",
 }
-SEE = "(see README 'Configs')"
+SEE = "(see docs/configs.md)"
 
 
 def _parameters(cls) -> set[str]:

@@ -185,7 +185,7 @@ def default_eval_batch_size(device_type: str) -> int:
 
 # ---- platform profiles: what a GPU kind changes beyond precision ---------------------------------------
 # Sized for the 1.5B MBPP recipes (Qwen2.5-1.5B, prompts up to ~350 tokens + 512 new tokens); the memory
-# arithmetic is in README.md ("Platform profiles"). configs/hw/*.yaml hold the same values for users
+# arithmetic is in docs/configs.md ("Platform profiles"). configs/hw/*.yaml hold the same values for users
 # who prefer explicit files (tests/test_platform_profile.py keeps them equal). Keys are config keys as
 # written on the command line (``--model.micro_batch_size 2``).
 _PROFILES: dict[str, dict] = {

@@ -61,3 +61,18 @@ def test_a_mode_is_chosen_by_its_short_name(capsys):
         main(["fit", "--model.mode", "MultiStepMBPP", "--data", "MBPPDataModule", "--print_config"])
     merged = yaml.safe_load(capsys.readouterr().out)
     assert merged["model"]["mode"]["class_path"] == "rlcode.modes.MultiStepMBPP"
+
+
+def test_fit_help_shows_rlcode_settings_before_lightning_trainer_flags(capsys):
+    """Lightning's order opened with ~40 trainer flags, in the usage line too: rlcode's own settings
+    (the mode and the learner, data, run, evals, checkpoints, --ckpt_path) come first now."""
+    text = _help(capsys, "fit")
+    usage = text.split("\n\n", 1)[0]
+    assert usage.startswith("usage: rlcode fit") and "--trainer.KEY VALUE" in usage and "accelerator" not in usage
+    lines = text.splitlines()
+    first = {key: next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"--{key}"))
+             for key in ("model.mode", "model.model_name", "data", "run.experiment", "eval.num_questions",
+                         "checkpoint.every_n_train_steps", "ckpt_path", "trainer.accelerator")}
+    assert max(v for k, v in first.items() if not k.startswith("trainer")) < first["trainer.accelerator"], first
+    assert first["model.mode"] < first["model.model_name"]
+    assert any(line.startswith("Lightning's trainer flags") for line in lines)

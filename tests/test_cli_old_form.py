@@ -37,7 +37,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("text, expected", [
     (OLD_SPIRAL, ["rlcode: model.opponent, model.num_generations are settings of the mode now: write them under "
-                  "model.mode.init_args (see README 'Configs')",
+                  "model.mode.init_args (see docs/configs.md)",
                   "model.class_path rlcode.algorithms.spiral.SPIRAL is now model.mode.class_path rlcode.modes.SPIRAL"]),
     (OLD_GRPO, ["rlcode: model.rewards is a setting of the mode now: write it under model.mode.init_args",
                 "model.filter_zero_std_groups is now model.skip_zero_advantage_rows"]),
@@ -61,7 +61,7 @@ def test_old_flags_get_one_line_too():
     assert done.returncode != 0 and len(lines) == 1, done.stderr
     assert lines[0] == ("rlcode: --model rlcode.algorithms.spiral.SPIRAL is now --model.mode rlcode.modes.SPIRAL; "
                         "--model.opponent is a setting of the mode now: write it under model.mode.init_args "
-                        "(see README 'Configs') (on the command line)")
+                        "(see docs/configs.md) (on the command line)")
 
 
 def test_every_config_in_the_repository_has_the_new_form():

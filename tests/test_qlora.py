@@ -108,12 +108,14 @@ def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
 @pytest.mark.slow
 def test_the_qlora_notebook_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
     """notebooks/grpo_qlora_mbpp.ipynb in a real Jupyter kernel, with the tiny model in 4-bit, 2 steps:
-    it trains, shows the plot and saves a peft adapter folder."""
+    it says which sandbox level holds, scores MBPP before and after, trains, writes last.ckpt, shows the
+    plot and saves a peft adapter folder; its outputs hold no ipywidgets warning and no logger advert."""
     import nbformat
     from nbclient import NotebookClient
 
     for name, value in {"RLCODE_NOTEBOOK_MODEL": "tiny-random", "RLCODE_NOTEBOOK_STEPS": "2",
                         "RLCODE_NOTEBOOK_GENERATIONS": "2", "RLCODE_NOTEBOOK_MAX_NEW_TOKENS": "8",
+                        "RLCODE_NOTEBOOK_EVAL_PROBLEMS": "2",
                         "RLCODE_NOTEBOOK_OUT": str(tmp_path / "out"),
                         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}.items():
         monkeypatch.setenv(name, value)
@@ -123,6 +125,17 @@ def test_the_qlora_notebook_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])]
     assert any("image/png" in output.get("data", {}) for output in outputs), "the plot is shown"
+    run_dir = tmp_path / "out/qlora/version_0"
+    assert (run_dir / "checkpoints/last.ckpt").is_file(), "a checkpoint is written"
+    assert {p.name for p in (run_dir / "eval").iterdir()} == {"step_0.json", "step_2.json"}, "MBPP before and after"
+    text = "\n".join(output.get("text", "") + "".join(str(v) for v in output.get("data", {}).values()
+                                                        if not isinstance(v, dict))
+                     for output in outputs if "image/png" not in output.get("data", {}))
+    for line in ("MBPP eval at step 0 (validation): pass rate", "MBPP eval at step 2 (validation): pass rate",
+                 "MBPP eval step_2.json: pass rate", "checkpoint: ", "sandbox isolation: "):
+        assert line in text, line
+    for noise in ("ipywidgets", "IProgress", "litlogger", "Tip:"):
+        assert noise not in text, noise
 
 
 def packed_for_cpu_inference(model) -> list[bool]:

@@ -65,10 +65,10 @@ Behaviours worth knowing:
     the worker retires (the parent logs why): inside/slot_memory.py.
   * No host-wide table or budget is shared: file locks (a host-wide table, /proc/locks, which bwrap
     levels also show empty), Linux AIO (fs.aio-max-nr), inotify, keyrings, SysV IPC and io_uring
-    are denied by seccomp (locks with ENOLCK); the README's sandbox section lists every /proc entry
+    are denied by seccomp (locks with ENOLCK); docs/sandbox.md lists every /proc entry
     and global counter reviewed and how each is held.
   * The parent's memory and work per sample are bounded: the values stream keeps one line per
-    probe + 16 and 8 MiB, and every string that reaches a verdict is cut (README: the limits table).
+    probe + 16 and 8 MiB, and every string that reaches a verdict is cut (docs/sandbox.md: the limits table).
   * Level ``process`` (no bubblewrap): the host filesystem is mounted, and Landlock decides what the
     child may open (the host's /proc not at all). As root it still gets a PID namespace per child,
     empty network and IPC namespaces and private tmpfs scratch dirs per worker, and a python prefix

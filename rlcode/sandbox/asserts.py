@@ -52,7 +52,7 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 # True, False, None and __debug__ are keywords or constants: no program can bind them (the tests of
 # 59 MBPP tasks spell True or False, which would otherwise make every program that does be parsed).
 _OVERRIDABLE = (_BUILTIN_NAMES | _STDLIB) - {"True", "False", "None", "__debug__"}
-# The most program text the parent parses (README: the sandbox's limits table). ast.parse costs the
+# The most program text the parent parses (docs/sandbox.md: the limits table). ast.parse costs the
 # parent ~400 bytes of memory per character (an 8 MB program took 4.1 GB); for non-ASCII text the
 # parser also NFKC-normalises each identifier, which is quadratic in a run of combining marks
 # (80,000 of them: 13 s). At these sizes a parse costs at most ~8 MB and a few tens of milliseconds;

@@ -36,7 +36,7 @@ WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", 
 ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 # Host-wide /proc tables that hold what a process chose to put there, covered with an empty file in
-# the worker's /proc (bwrap levels; the README's sandbox section lists every entry reviewed and why
+# the worker's /proc (bwrap levels; docs/sandbox.md lists every entry reviewed and why
 # the rest may stay).
 MASKED_PROC_FILES = ("/proc/locks",)
 EMPTY_FILE = "empty"  # in the staging directory

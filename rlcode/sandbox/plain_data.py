@@ -23,7 +23,7 @@ from .inside.plain_encode import dumps, encode
 __all__ = ["DecodeError", "LimitExceeded", "Opaque", "check_hash_spread", "decode", "dumps", "encode",
            "loads"]
 
-# What the parent decodes, at most (README: the sandbox's limits table). With the 8 MiB cap on an
+# What the parent decodes, at most (docs/sandbox.md: the limits table). With the 8 MiB cap on an
 # execution's values, they bound what one execution costs the completion thread: decoding takes
 # 1-2.3x ``json.loads`` of the same line (3.5x for sets, which hash every item), measured by
 # ``benchmarks/plain_data_decode.py``. Per MiB that is ~1 ms for one string, 20-90 ms for lists of

@@ -23,7 +23,7 @@ class SandboxSettings:
     """Sandbox worker processes (None: the CPU cores shared among the node's ranks)."""
     allow_visible_filesystem: bool = False
     """Score untrusted code even where no isolation layer hides your files from it (no bubblewrap,
-    user namespaces or Landlock); see the README."""
+    user namespaces or Landlock); see docs/sandbox.md."""
 
 
 class RunContext:
