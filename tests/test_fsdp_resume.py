@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_resume_exact import STEPS, arguments, logged_rewards  # STEPS: the steps arguments() sets
+from test_resume_exact import STEPS, _kill_after_checkpoint, arguments, logged_rewards  # STEPS: arguments()'s
 
 pytestmark = pytest.mark.slow  # each run starts 2 ranks (20-40 s)
 
@@ -33,25 +33,20 @@ PROMPT = "def add(a, b):"
 
 
 def _stop_every_rank(how: str, step: int) -> None:
-    from rlcode.callbacks.checkpointing import StepCheckpoint
+    """Every rank runs this script, so each applies the stop to itself: a SIGKILL once step ``step``'s
+    checkpoint is on disk (test_resume_exact's), or SIGUSR1 as that step ends."""
     from rlcode.callbacks.shutdown import GracefulShutdown
 
     if how == "kill":
-        original = StepCheckpoint.on_train_batch_end
+        _kill_after_checkpoint(step)
+        return
+    original = GracefulShutdown.on_train_batch_end
 
-        def after_checkpoint(self, trainer, *args):
-            original(self, trainer, *args)
-            if trainer.global_step == step:
-                os.kill(os.getpid(), signal.SIGKILL)
-        StepCheckpoint.on_train_batch_end = after_checkpoint
-    else:
-        original = GracefulShutdown.on_train_batch_end
-
-        def at_step_end(self, trainer, *args):
-            if trainer.global_step == step:
-                signal.raise_signal(signal.SIGUSR1)
-            original(self, trainer, *args)
-        GracefulShutdown.on_train_batch_end = at_step_end
+    def at_step_end(self, trainer, *args):
+        if trainer.global_step == step:
+            signal.raise_signal(signal.SIGUSR1)
+        original(self, trainer, *args)
+    GracefulShutdown.on_train_batch_end = at_step_end
 
 
 def _record_greedy_tokens(root: Path) -> None:
