@@ -82,6 +82,8 @@ def _sharding(info, user: dict) -> tuple[str, str] | None:
     """DDP or FSDP for the configured model on several GPUs (None: one GPU, or its size unknown here)."""
     if info.gpu_count < 2:
         return None
+    if user.get("model.quantization") is not None:  # FSDP2 does not shard bitsandbytes' packed weights
+        return "ddp", "a quantized base is not sharded"
     from rlcode.models.aliases import SMOLLM2_ALIAS
     from rlcode.models.loading import parameter_count
 

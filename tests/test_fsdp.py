@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow  # each test starts 1- and 2-rank runs (10-30 s)
 REPO = Path(__file__).resolve().parents[1]
 LEARNING_RATE, ADAM_EPS = 1e-3, 1e-8  # grpo_harness's learning rate; torch's AdamW eps (the Learner's)
 # The KL variants score a reference: under full fine-tuning a frozen copy, sharded like the policy;
-# under LoRA the policy with its adapters off.
-VARIANTS = {"full": {}, "full_kl": {"beta": 0.04},
+# under LoRA the policy with its adapters off. Checkpointed: each layer's forward runs again in backward
+# (the A100 and V100 profiles' setting), inside the gathered update.
+VARIANTS = {"full": {}, "full_kl": {"beta": 0.04}, "checkpointed": {"gradient_checkpointing": True},
             "lora_kl": {"lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "beta": 0.04}}
 
 

@@ -160,6 +160,17 @@ def test_fsdp1_and_tensor_parallelism_are_refused_with_a_one_line_reason():
         module.setup("fit")
 
 
+def test_a_quantized_base_is_not_sharded():
+    """FSDP2 cannot shard bitsandbytes' packed weights: a QLoRA policy under an FSDP mesh stops in one
+    line naming DDP, before anything is loaded."""
+    from rlcode.errors import SettingError
+
+    module = build_module(configure=False, quantization="4bit", lora={"r": 4})
+    module._device_mesh = object()  # what FSDP2Strategy sets before configure_model
+    with pytest.raises(SettingError, match="cannot be sharded: use --trainer.strategy ddp with QLoRA"):
+        module.configure_model()
+
+
 def test_the_sandbox_opt_in_is_a_config_value(monkeypatch):
     """Where nothing hides the filesystem the pool refuses to start unless the user
     opts in; training passes the mode's sandbox.allow_visible_filesystem to every pool it builds."""

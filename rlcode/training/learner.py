@@ -33,6 +33,7 @@ import lightning as L
 import torch
 
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
+from rlcode.errors import SettingError
 from rlcode.logprobs.sequence_logps import batched_completion_logps
 from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer, reference_mode
 from rlcode.models.adapters import LoraSettings, Quantization
@@ -178,12 +179,12 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             self._configure_served_dry_run()
             self.mode.configure(self)
             return
+        self.sharding_plan = self._sharding_plan()  # before any copy: frozen copies are sharded alike
         if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
             self.tokenizer = load_tokenizer(hp.model_name)
             lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
             self.policy = load_model(hp.model_name, precision=hp.precision, quantization=hp.quantization,
                                      gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
-        self.sharding_plan = self._sharding_plan()  # before any copy: frozen copies are sharded alike
         if self.sharding_plan is not None:  # every rank shards rank 0's weights (LoRA's start at random)
             broadcast_from_rank_zero(self.policy, self.sharding_plan)
         if hp.disable_dropout:
@@ -211,6 +212,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         mesh = self._device_mesh
         if mesh is None:
             return None
+        if self.hparams.quantization is not None:  # bitsandbytes' packed weights are not sharded by FSDP2
+            raise SettingError(f"model.quantization={self.hparams.quantization!r} cannot be sharded: use "
+                               "--trainer.strategy ddp with QLoRA (its frozen 4-bit base is small), or drop the quantization")
         names = mesh.mesh_dim_names or ()
         param_dtype, reduce_dtype = precision_policy(self._training_precision())
         return ShardingPlan(mesh["data_parallel"] if "data_parallel" in names else mesh, param_dtype, reduce_dtype)
