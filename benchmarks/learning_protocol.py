@@ -160,7 +160,7 @@ def registration_for(configs: list[Path], extra: list[str], seeds: list[int], re
     found = [(path, record) for path, record in _registrations(results)
              if all(record.get(name) == value for name, value in key.items())]
     if not found:
-        raise Refused(f"recipe {' '.join(key['configs'])} {' '.join(extra)} is not registered: run "
+        raise Refused(f"recipe {' '.join(key['configs'] + extra)} is not registered: run "
                       "learning_protocol.py register with it and the seeds first")
     now = config_hash((printer or print_config)(configs, extra))
     matching = [(path, record) for path, record in found if record["config_sha256"] == now]
