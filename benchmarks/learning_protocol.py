@@ -233,9 +233,8 @@ def select(args, extra: list[str]) -> Path:
               "seeds": args.seeds, "started_at": _now(), "rows": []}
     rows = record["rows"]
 
-    def scored(seed: int, run: Path, baseline: Path | None) -> Path | None:
+    def scored(seed: int, run: Path, baseline: Path | None) -> None:
         rows.append(selection_row(seed, run, baseline))
-        return baseline or measure.eval_files(run).get(0)
 
     _run_seeds(args, [*extra, *SELECTION_EVAL, *sampling], record, path, scored, humaneval=False)
     return path
@@ -253,9 +252,8 @@ def confirm(args, extra: list[str]) -> Path:
         if args.humaneval:
             humaneval_base.append(measure.humaneval_test(args.config, args.root / "humaneval-base", args.threads, None))
 
-    def scored(seed: int, run: Path, baseline: Path | None) -> Path | None:
+    def scored(seed: int, run: Path, baseline: Path | None) -> None:
         record["rows"].extend(measure.summarize([(seed, run)], baseline, next(iter(humaneval_base), None)))
-        return baseline or measure.eval_files(run).get(0)
 
     _run_seeds(args, [*extra, *CONFIRMATION_EVAL], record, path, scored, humaneval=args.humaneval, prepare=prepare)
     return path
@@ -278,8 +276,10 @@ def _run_seeds(args, fit_args: list[str], record: dict, path: Path, scored, huma
                 record["failed"][str(seed)] = f"rlcode fit exited {code}"
             elif humaneval:
                 measure.humaneval_test(args.config, run / "humaneval", args.threads, measure.last_checkpoint(run))
-            if measure.eval_files(run):
-                baseline = scored(seed, run, baseline)
+            files = measure.eval_files(run)
+            if max(files, default=0) > 0:  # else it never scored a trained model
+                scored(seed, run, baseline)
+            baseline = baseline or files.get(0)  # greedy, and samples seeded by the step: every seed's start
             _write(path, record)
         record["status"] = "failed" if record["failed"] else "finished"
     except BaseException as error:  # stopped or broken: still on record, then raised
