@@ -133,4 +133,5 @@ def test_selection_scores_sampled_pass_at_1_on_the_selection_split_only(tmp_path
 def test_the_hash_is_of_rlcode_fits_resolved_config():
     text = protocol.print_config(RECIPE, [])
     assert "eval_split: test" in text and protocol.print_config(RECIPE, []) == text
-    assert protocol.config_hash(protocol.print_config(RECIPE, ["--trainer.max_steps", "61"])) != protocol.config_hash(text)
+    longer = protocol.print_config(RECIPE, ["--trainer.max_steps", "61"])
+    assert protocol.config_hash(longer) != protocol.config_hash(text)
