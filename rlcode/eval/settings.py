@@ -53,9 +53,9 @@ def resolve(module, datamodule, *, max_new_tokens: int | None, temperature: floa
 
 def differing(first: dict | None, second: dict | None) -> str | None:
     """The first setting two verdict files' ``"generation"`` records differ in, as
-    ``"name (a vs b)"``; None when they agree. A file written before settings were recorded
-    (None) is compared as given: there is nothing to tell."""
-    if first is None or second is None:
+    ``"name (a vs b)"``; None when they agree. A file that records none (written before they were
+    recorded, or by a scorer that does not know them) is compared as given: there is nothing to tell."""
+    if not first or not second:
         return None
     sampled = first.get("num_samples", 0) or second.get("num_samples", 0)
     for name in sorted(set(first) | set(second)):
