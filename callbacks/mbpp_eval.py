@@ -119,15 +119,25 @@ class MBPPEval(L.Callback):
         if stage not in ("validate", "test") or not hasattr(datamodule, "num_eval_tasks"):
             return
         # validate / test score as this callback does during fit: its batch size sizes the loader's
-        # batches, and the mode's validation_step reads its settings from the module.
+        # batches (made after setup), and the loop's start hands the module the other settings.
         if self.batch_size is not None:
             datamodule.eval_batch_size = self.batch_size
-        pl_module.eval_settings = self.settings(pl_module, datamodule)
         override = _environment_override()
         if override is not None:
             datamodule.num_eval_tasks = override
         elif stage == "validate" and datamodule.num_eval_tasks is None:
             datamodule.num_eval_tasks = self.num_questions  # the split this callback scores during fit
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._hand_over_settings(trainer, pl_module)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._hand_over_settings(trainer, pl_module)
+
+    def _hand_over_settings(self, trainer, pl_module) -> None:
+        """What the mode's validation / test step scores with (``MBPPPassRate`` reads it)."""
+        if hasattr(trainer.datamodule, "eval_tasks"):
+            pl_module.eval_settings = self.settings(pl_module, trainer.datamodule)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._collect(trainer, outputs)
