@@ -7,7 +7,12 @@ verdict to ``<run>/eval/step_<n>.json``). Greedy decoding of the same base model
 baseline for every seed, so only the first seed evaluates at start and the others reuse it
 (``--baseline-every-seed`` re-evaluates it each time). Reported per seed: pass@1 before -> after,
 the problems that flipped each way (b: pass -> fail, c: fail -> pass) and the exact two-sided
-McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2).
+McNemar p-value, 2 x P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2). Two verdict files are compared
+only when they record the same generation settings (``"generation"``: token limit, prompt format,
+sampling, timeout, model precision...): otherwise one line names the setting that differs.
+
+This script reports; ``benchmarks/learning_protocol.py`` decides what may be reported: it chooses
+recipes off the test split and runs registered recipes on fresh seeds.
 
 HumanEval (164 problems, never trained on) is the held-out benchmark: after each seed's fit,
 ``rlcode test --eval.benchmark humaneval`` scores the final checkpoint greedily, and once the base
@@ -33,6 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: rlcode from this checkout
+from rlcode.eval.settings import differing  # noqa: E402
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -55,6 +62,17 @@ def eval_files(run: Path) -> dict[int, Path]:
 def verdicts(path: Path) -> dict[int, bool]:
     report = json.loads(path.read_text())
     return {problem["task_id"]: bool(problem["passed"]) for problem in report["problems"]}
+
+
+def scored_alike(before: Path, after: Path) -> tuple[Path, Path]:
+    """The two verdict files, refused when their recorded generation settings differ (a before/after
+    change would then measure the settings too); files written before settings were recorded pass."""
+    setting = differing(json.loads(before.read_text()).get("generation"),
+                        json.loads(after.read_text()).get("generation"))
+    if setting is not None:
+        raise ValueError(f"{before} and {after} were scored with a different {setting}: "
+                         "score both with the same eval settings")
+    return before, after
 
 
 def base_model_verdicts(path: Path) -> Path:
@@ -141,11 +159,13 @@ def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None,
             raise FileNotFoundError(f"{run} has no step-0 eval and no baseline was given: run the first seed with "
                                     "eval.at_start true")
         last = max(files)
-        rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(start), verdicts(files[last]))})
+        before, after = scored_alike(start, files[last])
+        rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(before), verdicts(after))})
         scored = (run / "humaneval").is_dir() or any(run.rglob("eval/test_step_*.json"))
         if humaneval_baseline is not None and scored:
             # the trained seed's verdicts lie beside its checkpoint (before: under humaneval/): both are below run
-            rows[-1]["humaneval"] = compare(verdicts(humaneval_baseline), verdicts(humaneval_file(run)))
+            before, after = scored_alike(humaneval_baseline, humaneval_file(run))
+            rows[-1]["humaneval"] = compare(verdicts(before), verdicts(after))
     return rows
 
 

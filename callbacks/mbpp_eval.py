@@ -12,7 +12,9 @@ as this callback would: ``MBPP_EVAL_NUM_QUESTIONS``, else ``data.num_eval_tasks`
 ``num_questions``; and the callback writes its per-problem results to
 ``eval/validate_step_<n>.json`` (``rlcode test``: ``eval/test_step_<n>.json``; the environment variable
 sizes it too), n the checkpoint's step, in the checkpoint's own run directory when it lies in one
-(``<run>/checkpoints/``), else in this command's.
+(``<run>/checkpoints/``), else in this command's. Validate and test generate and judge with this
+callback's settings (``max_new_tokens``, sampling, timeout, batch size: ``rlcode.eval.settings``),
+and every verdict file records them under ``"generation"``.
 
 A stop signal is acted on between batches (``rlcode.callbacks.stop_request``): a running eval is
 abandoned, writes no file and is not recorded, the run saves and stops, and a resumed run evaluates
@@ -33,7 +35,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from rlcode.callbacks import stop_request
 from rlcode.data.prompts import build_prompt
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, EvalStopped, score_policy
+from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.progress import EvalProgress
+from rlcode.eval.settings import EvalSettings, resolve
 from rlcode.run_dir import checkpoint_metadata, run_directory
 from rlcode.run_dir.checkpoint_file import checkpoint_run_directory, original_checkpoint
 
@@ -96,6 +100,7 @@ class MBPPEval(L.Callback):
         self._pool = None
         self._last_step: int | None = None
         self._loop_reports: list = []  # rlcode validate / test: the batches' reports
+        self._loop_settings: dict = {}
 
     @property
     def effective_num_questions(self) -> int | None:
@@ -113,11 +118,26 @@ class MBPPEval(L.Callback):
             datamodule.eval_benchmark = self.benchmark
         if stage not in ("validate", "test") or not hasattr(datamodule, "num_eval_tasks"):
             return
+        # validate / test score as this callback does during fit: its batch size sizes the loader's
+        # batches (made after setup), and the loop's start hands the module the other settings.
+        if self.batch_size is not None:
+            datamodule.eval_batch_size = self.batch_size
         override = _environment_override()
         if override is not None:
             datamodule.num_eval_tasks = override
         elif stage == "validate" and datamodule.num_eval_tasks is None:
             datamodule.num_eval_tasks = self.num_questions  # the split this callback scores during fit
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._hand_over_settings(trainer, pl_module)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._hand_over_settings(trainer, pl_module)
+
+    def _hand_over_settings(self, trainer, pl_module) -> None:
+        """What the mode's validation / test step scores with (``MBPPPassRate`` reads it)."""
+        if hasattr(trainer.datamodule, "eval_tasks"):
+            pl_module.eval_settings = self.settings(pl_module, trainer.datamodule)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._collect(trainer, outputs)
@@ -142,13 +162,18 @@ class MBPPEval(L.Callback):
         model's."""
         if trainer.state.fn not in ("validate", "test"):
             return  # fit: this callback's own evals write theirs
-        problems = [problem for report in _gathered(self._loop_reports) for problem in report.problems]
+        reports = _gathered(self._loop_reports)
+        problems = [problem for report in reports for problem in report.problems]
+        self._loop_settings = reports[0].settings if reports else {}
         self._loop_reports = []
         if not problems or not trainer.is_global_zero:
             return
         checkpoint, step, folder = _scored_checkpoint(trainer)
-        report = EvalReport(step, self._where(split), 0.0, sorted(problems, key=lambda p: p.task_id),
-                            benchmark=self.benchmark)
+        settings = self._loop_settings
+        counts = {p.task_id: (p.samples, p.samples_passed) for p in problems if p.samples}
+        pass_at_k = mean_pass_at_k(counts, list(settings.get("k", []))) if counts else {}
+        report = EvalReport(step, self._where(split), settings.get("temperature", 0.0),
+                            sorted(problems, key=lambda p: p.task_id), pass_at_k, self.benchmark, settings)
         path = folder / "eval" / f"{command}_step_{step}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**report.as_json(), "ckpt_path": checkpoint}, indent=2))
@@ -194,13 +219,14 @@ class MBPPEval(L.Callback):
         where = self._where(datamodule.eval_split)
         label = BENCHMARK_NAMES[self.benchmark]
         progress = EvalProgress(f"{label} eval at step {trainer.global_step} ({where})", len(tasks), last_line=False)
+        settings = self.settings(pl_module, datamodule)
         try:
             report = score_policy(
                 pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
-                split=where, num_samples=self.num_samples, ks=[k for k in self.k if k <= self.num_samples],
-                temperature=self.temperature, max_new_tokens=self.max_new_tokens or pl_module.hparams.max_new_tokens,
-                timeout=self.timeout, batch_size=self.batch_size or datamodule.resolved_eval_batch_size(),
+                split=where, num_samples=settings.num_samples, ks=settings.k, temperature=settings.temperature,
+                max_new_tokens=settings.max_new_tokens, timeout=settings.timeout, batch_size=settings.batch_size,
                 progress=progress, benchmark=self.benchmark, should_stop=stop_request.checker(trainer))
+            report.settings = settings.as_json()
         except EvalStopped as stopped:
             # Nothing written or recorded: the history has no eval at this step, so a resume runs it.
             rank_zero_info(f"  {label} eval at step {trainer.global_step} abandoned ({stopped}); "
@@ -223,6 +249,11 @@ class MBPPEval(L.Callback):
                        f"{progress.problems_per_second:.2f} problems/s"
                        + "".join(f", {name}={value:.2f}" for name, value in report.pass_at_k.items()))
         return report
+
+    def settings(self, pl_module, datamodule) -> EvalSettings:
+        """What every eval of this run generates and judges with (fit's, validate's and test's alike)."""
+        return resolve(pl_module, datamodule, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                       num_samples=self.num_samples, k=self.k, timeout=self.timeout, batch_size=self.batch_size)
 
     def _where(self, split: str) -> str:
         """The problems a report names: HumanEval's 164 (one set, no splits), else MBPP's ``split``."""

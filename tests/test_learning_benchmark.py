@@ -142,3 +142,41 @@ def test_a_seed_whose_fit_fails_is_reported_from_what_it_wrote_and_the_others_st
     assert (one["passed_before"], one["passed_after"], one["fit_failed"], "humaneval" in one) == (
         1, 1, "rlcode fit exited 1", False)
     assert (one["lost"], one["gained"], two["seed"]) == ([0], [1], 2)
+
+
+def _generation(**changes) -> dict:
+    settings = {"max_new_tokens": 160, "temperature": 0.2, "num_samples": 0, "k": [], "timeout": 5.0,
+                "batch_size": 16, "prompt_format": "chat", "model_name": "smollm2-135m-instruct",
+                "precision": "32-true", "rollout_backend": "hf", "stop": []}
+    return {**settings, **changes}
+
+
+@pytest.mark.parametrize(("changes", "named"), [({"max_new_tokens": 128}, "max_new_tokens (160 vs 128)"),
+                                                ({"prompt_format": "plain"}, "prompt_format"),
+                                                ({"precision": "bf16-true"}, "precision")])
+def test_verdicts_scored_with_different_generation_settings_are_refused(tmp_path, changes, named):
+    run = tmp_path / "runs/x/version_0/eval"
+    run.mkdir(parents=True)
+    problems = [{"task_id": 11, "passed": True}]
+    (run / "step_0.json").write_text(json.dumps({"generation": _generation(), "problems": problems}))
+    (run / "step_60.json").write_text(json.dumps({"generation": _generation(**changes), "problems": problems}))
+    with pytest.raises(ValueError, match=r"different .*" + named.split(" ")[0]) as refused:
+        learning_mbpp.summarize([(0, tmp_path)], baseline=None)
+    assert named in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_batch_size_matters_only_to_sampled_verdicts(tmp_path):
+    """Greedy completions do not depend on the batch size; sampled ones draw a seed per batch."""
+    run = tmp_path / "runs/x/version_0/eval"
+    run.mkdir(parents=True)
+    problems = [{"task_id": 11, "passed": True}]
+    for sampled, refused in ((0, False), (8, True)):
+        (run / "step_0.json").write_text(json.dumps({"generation": _generation(num_samples=sampled),
+                                                     "problems": problems}))
+        (run / "step_60.json").write_text(json.dumps({"generation": _generation(num_samples=sampled, batch_size=4),
+                                                      "problems": problems}))
+        if refused:
+            with pytest.raises(ValueError, match="batch_size"):
+                learning_mbpp.summarize([(0, tmp_path)], baseline=None)
+        else:
+            assert learning_mbpp.summarize([(0, tmp_path)], baseline=None)[0]["passed_after"] == 1

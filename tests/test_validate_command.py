@@ -84,3 +84,22 @@ def test_only_directories_without_run_output_count_as_unstarted(tmp_path):
     assert unstarted(tmp_path)
     (tmp_path / "checkpoints/last.ckpt").write_text("")
     assert not unstarted(tmp_path)
+
+
+def test_validate_and_test_score_a_checkpoint_exactly_as_the_fit_eval_did(tmp_path, monkeypatch):
+    """One checkpoint, one set of eval settings: the fit's end-of-run eval, ``rlcode validate`` and
+    ``rlcode test`` write the same completions, verdicts and generation settings. ``eval.max_new_tokens``
+    (8) differs from ``model.max_new_tokens`` (16) so that taking the model's limit would show; the
+    environment sizes all three alike (``rlcode test`` otherwise scores the whole split)."""
+    monkeypatch.setenv(NUM_QUESTIONS_ENV, "2")
+    settings = ["--data.eval_split", "test", "--eval.max_new_tokens", "8", "--eval.timeout", "4"]
+    main(["fit", *BASE, *settings, "--run.root_dir", str(tmp_path / "trained"), "--eval.at_start", "false"])
+    (run,) = (tmp_path / "trained/tiny").glob("version_*")
+    fitted = json.loads((run / "eval" / "step_2.json").read_text())
+    assert fitted["generation"]["max_new_tokens"] == 8 and fitted["generation"]["timeout"] == 4.0
+    for command in ("validate", "test"):
+        main([command, *BASE, *settings, "--run.root_dir", str(tmp_path / command),
+              "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+        scored = json.loads((run / "eval" / f"{command}_step_2.json").read_text())
+        assert scored["generation"] == fitted["generation"]
+        assert scored["problems"] == fitted["problems"]

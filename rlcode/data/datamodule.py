@@ -95,7 +95,8 @@ class MBPPDataModule(L.LightningDataModule):
             source: MBPP data: a file, folder or hub id; None reads ``MBPP_DATASET_PATH``, and
                 without it the hub copy (``google-research-datasets/mbpp``).
             train_split: split the training prompts come from ("train" = tasks 601-974).
-            eval_split: split the MBPP eval callback scores ("validation" = tasks 511-600).
+            eval_split: split the MBPP eval callback scores ("validation" = tasks 511-600;
+                "selection" = prompt + validation, for choosing recipes off the test split).
             num_train_tasks: use only the first N training tasks (by task id); None = all.
             prompts_per_step: distinct prompts per training step and rank; each is sampled
                 ``model.mode.init_args.num_generations`` times.

@@ -31,11 +31,14 @@ from rlcode.sandbox.asserts import bound_names, called_function_name
 ENV_VAR = "MBPP_DATASET_PATH"
 HUB_ID = "google-research-datasets/mbpp"
 VARIANTS = ("full", "sanitized")
-SPLIT_TASK_IDS: dict[str, range] = {
+SPLIT_TASK_IDS: dict[str, range | tuple[int, ...]] = {
     "prompt": range(1, 11),
     "test": range(11, 511),
     "validation": range(511, 601),
     "train": range(601, 975),
+    # Not upstream's: every problem that is neither trained on nor reported (prompt + validation),
+    # for choosing a recipe without looking at the test split (benchmarks/learning_protocol.py).
+    "selection": (*range(1, 11), *range(511, 601)),
 }
 SPLITS = (*SPLIT_TASK_IDS, "all")
 _FILE_FOR_VARIANT = {"full": "mbpp.jsonl", "sanitized": "sanitized-mbpp.json"}
@@ -74,7 +77,8 @@ def load_mbpp(source: str | os.PathLike | None = None, split: str = "test",
     Args:
         source: a file, a directory or a hub id (see the module docstring); ``None`` reads
             ``MBPP_DATASET_PATH``.
-        split: "prompt" (1-10), "test" (11-510), "validation" (511-600), "train" (601-974) or "all".
+        split: "prompt" (1-10), "test" (11-510), "validation" (511-600), "train" (601-974),
+            "selection" (prompt + validation: 100 problems for choosing recipes) or "all".
         variant: "full" or "sanitized". For a directory or hub id it picks the file/config (default
             "full"); for a file the variant is read from its content, and asking for the other one
             uses the sibling file of that variant when it exists (so ``MBPP_DATASET_PATH`` pointing at

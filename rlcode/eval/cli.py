@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--variant", choices=("full", "sanitized"), default=None,
                         help="MBPP variant for a folder or hub id (default: full; files: their own)")
     parser.add_argument("--split", default="test",
-                        help="prompt | test | validation | train | all (default: test)")
+                        help="prompt | test | validation | train | selection (prompt + validation) | all "
+                        "(default: test)")
     parser.add_argument("--k", default="1,10", help="comma-separated k values (default: 1,10)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds per sample (default: {DEFAULT_TIMEOUT:g}; see the policy above)")

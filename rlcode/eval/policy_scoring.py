@@ -16,6 +16,7 @@ from rlcode.data.humaneval import program_for
 from rlcode.data.prompts import length_order
 from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.progress import EvalProgress
+from rlcode.eval.settings import EvalSettings
 from rlcode.sandbox.verdict import check_against_tests
 
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
@@ -72,6 +73,7 @@ class EvalReport:
     problems: list[ProblemResult]
     pass_at_k: dict[str, float] = field(default_factory=dict)
     benchmark: str = "mbpp"  # names the metrics: "<benchmark>_eval/pass_rate", ...
+    settings: dict = field(default_factory=dict)  # rlcode.eval.settings.EvalSettings.as_json()
 
     @property
     def problems_passed(self) -> int:
@@ -91,7 +93,7 @@ class EvalReport:
         return {"step": self.step, "benchmark": self.benchmark, "split": self.split,
                 "num_questions": len(self.problems),
                 "pass_rate": self.pass_rate, "problems_passed": self.problems_passed,
-                "sample_temperature": self.temperature, **self.pass_at_k,
+                "sample_temperature": self.temperature, **self.pass_at_k, "generation": self.settings,
                 "problems": [asdict(p) for p in self.problems]}
 
 
@@ -142,21 +144,25 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     return EvalReport(step, split, temperature, results, pass_at_k, benchmark)
 
 
-def score_batch(module, batch: dict, pool, *, split: str, timeout: float,
+def score_batch(module, batch: dict, pool, *, split: str, settings: EvalSettings,
                 progress: EvalProgress | None = None) -> EvalReport:
-    """Greedy pass@1 of a DataModule batch (``rlcode validate`` / ``test``): its prompts and columns,
-    generated together (the DataModule's ``eval_batch_size`` sized the batch). A batch with a
-    ``program_prefix`` column is HumanEval's (``eval.benchmark: humaneval``)."""
+    """A DataModule batch (``rlcode validate`` / ``test``) scored as the fit-time eval scores:
+    ``settings`` are the eval callback's (token limit, sampling, timeout), its prompts and columns
+    generated together (the batch is ``settings.batch_size``). A batch with a ``program_prefix``
+    column is HumanEval's (``eval.benchmark: humaneval``)."""
     count = len(batch["task_id"])
     problems = [BatchProblem(*row) for row in zip(batch["task_id"], batch["test_list"],
                                                   batch.get("test_setup_code") or [""] * count,
                                                   batch.get("entry_point") or [None] * count,
                                                   batch.get("program_prefix") or [None] * count)]
     prompts = [module.render(prompt) for prompt in batch["prompt"]]
-    return score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
-                        max_new_tokens=module.hparams.max_new_tokens, timeout=timeout,
-                        batch_size=len(prompts), progress=progress,
-                        benchmark="humaneval" if batch.get("program_prefix") else "mbpp")
+    report = score_policy(module, prompts, problems, pool, step=module.global_step, split=split,
+                          num_samples=settings.num_samples, ks=settings.k, temperature=settings.temperature,
+                          max_new_tokens=settings.max_new_tokens, timeout=settings.timeout,
+                          batch_size=len(prompts), progress=progress,
+                          benchmark="humaneval" if batch.get("program_prefix") else "mbpp")
+    report.settings = settings.as_json()
+    return report
 
 
 def _stopper(should_stop: Callable[[], bool] | None, total: int) -> Callable[[int], None]:

@@ -59,7 +59,8 @@ class RewardJob:
                 item = Scored(reward.lowest, f"internal_error: {e}"[:120], "internal_error", False)
             scored.append(item)
         reward.last_details = [item.detail for item in scored]
-        reward.last_metrics = _metrics(scored)
+        reward.last_scored = scored  # per row: a step keeping some rows only recomputes its metrics
+        reward.last_metrics = row_metrics(scored)
         return [item.reward for item in scored]
 
 
@@ -92,6 +93,7 @@ class SandboxReward:
         self._pool_lock = threading.Lock()
         self.last_details: list[str] = []
         self.last_metrics: dict[str, float] = {}
+        self.last_scored: list[Scored] = []
 
     @property
     def pool(self):
@@ -152,7 +154,8 @@ class SandboxReward:
         return tags
 
 
-def _metrics(scored: list[Scored]) -> dict[str, float]:
+def row_metrics(scored: list[Scored]) -> dict[str, float]:
+    """A reward's ``last_metrics`` over these rows: mean, std, status counts, successes."""
     n = len(scored)
     rewards = [item.reward for item in scored]
     mean = sum(rewards) / n if n else 0.0

@@ -31,6 +31,9 @@ class RewardOutcome:
     """Function-specific scalars (``last_metrics``), keyed ``<name>/<metric>``."""
     seconds: float = 0.0
     """Wall time from start to the last result (overlaps the trainer's own work)."""
+    scored: dict[str, list] = field(default_factory=dict)
+    """Per completion, what each sandbox reward made of it (its ``last_scored``: ``rewards.base.Scored``),
+    keyed by name: a step that keeps some rows only (dynamic sampling) recomputes ``metrics`` from them."""
 
 
 def reward_name(function: Callable) -> str:
@@ -98,12 +101,15 @@ class MixtureJob:
                  for i in range(self.count)]
         first = self.mixture.functions[0]
         details = list(getattr(first, "last_details", None) or [""] * self.count)
-        metrics = {}
+        metrics, scored = {}, {}
         for name, function in zip(self.mixture.names, self.mixture.functions):
             for key, value in (getattr(function, "last_metrics", None) or {}).items():
                 if isinstance(value, (int, float)):
                     metrics[f"{name}/{key}"] = float(value)
-        return RewardOutcome(total, by_function, details, metrics, time.perf_counter() - self.started)
+            rows = list(getattr(function, "last_scored", None) or [])
+            if len(rows) == self.count:
+                scored[name] = rows
+        return RewardOutcome(total, by_function, details, metrics, time.perf_counter() - self.started, scored)
 
 
 def _nansum(values: list[float]) -> float:

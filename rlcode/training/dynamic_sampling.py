@@ -10,6 +10,11 @@ and, when the cap was reached first, flat groups of the first round to fill up, 
 has the same number of rows (flat groups add nothing to the gradient; they keep the shapes and the
 loss normalisers of a step without dynamic sampling).
 
+A step that drew extra rounds describes the rows it trains: each sandbox reward's metrics (mean,
+status counts, successes: the step line's counts) are recomputed from those rows, and a reward that
+keeps no per-row record loses its metrics for that step rather than report another round's. Its
+``perf/tokens_per_s`` counts every round's tokens, as its time counts every round's generation.
+
 Simplification, stated: DAPO draws whole extra batches and trains on fewer groups when its cap is hit;
 this keeps P groups.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcode.algorithms.advantages import zero_std_group_mask
+from rlcode.rewards.base import row_metrics
 from rlcode.rewards.mixture import RewardOutcome
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.training.experience import CompletionGroups
@@ -92,11 +98,20 @@ def _combine(rounds: list[CompletionGroups], kept: list[tuple[int, int]], group:
         if with_logps else None)
     outcomes = [rounds[r].outcome for r in range(len(rounds))]
     names = list(outcomes[0].by_function)
+    scored = {name: [outcomes[r].scored[name][i] for r, i in rows]
+              for name in outcomes[0].scored if all(name in o.scored for o in outcomes)}
     outcome = RewardOutcome(
         total=[outcomes[r].total[i] for r, i in rows],
         by_function={name: [outcomes[r].by_function[name][i] for r, i in rows] for name in names},
         details=[outcomes[r].details[i] for r, i in rows],
-        metrics={**outcomes[0].metrics, **metrics},
-        seconds=sum(o.seconds for o in outcomes if not math.isnan(o.seconds)))
+        metrics={**kept_metrics(scored), **metrics},
+        seconds=sum(o.seconds for o in outcomes if not math.isnan(o.seconds)), scored=scored)
     return CompletionGroups(rollout, [rounds[r].prompts[g] for r, g in kept], [rounds[r].task_ids[g] for r, g in kept],
-                            group, None, outcome)  # every round awaited: no job left
+                            group, None, outcome,  # every round awaited: no job left
+                            generated_tokens=sum(b.num_generated_tokens for b in batches))
+
+
+def kept_metrics(scored: dict[str, list]) -> dict[str, float]:
+    """Each reward's ``<name>/<metric>`` over the kept rows (never the first round's: its rows may
+    not be the ones trained)."""
+    return {f"{name}/{key}": value for name, rows in scored.items() for key, value in row_metrics(rows).items()}

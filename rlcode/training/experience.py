@@ -55,6 +55,8 @@ class CompletionGroups:
     job: MixtureJob | None
     """The rewards being computed (None: ``outcome`` was known when the groups were made)."""
     outcome: RewardOutcome | None = None
+    generated_tokens: int | None = None
+    """Tokens generated for the step, every round's (dynamic sampling); None: the rollout's own."""
 
     def rewards(self, device) -> Tensor:
         if self.outcome is None:  # known already when dynamic sampling awaited it: a job is asked once
@@ -70,4 +72,5 @@ class CompletionGroups:
             rewards_by_function=outcome.by_function, details=outcome.details, advantages=advantages.tolist(),
             completion_lengths=rollout.completion_mask.sum(1).long().tolist(), truncated=rollout.truncated.tolist(),
             frac_reward_zero_std=frac_zero_std, updated=updated, loss=loss,
-            reward_metrics={**outcome.metrics, **totals.metrics()}, timings=timings, extra_metrics=extra_metrics)
+            reward_metrics={**outcome.metrics, **totals.metrics()}, timings=timings, extra_metrics=extra_metrics,
+            all_rounds_tokens=self.generated_tokens)

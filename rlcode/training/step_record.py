@@ -48,15 +48,34 @@ class StepRecord:
     """Multi-turn modes: every episode of the step, whole (rollout logs keep games, not rows)."""
     extra_metrics: dict[str, float] = field(default_factory=dict)
     """Mode-specific scalars, logged under their own names (e.g. ``spiral/TicTacToe-v0/...``)."""
+    all_rounds_tokens: int | None = None
+    """Tokens generated in every round of the step (dynamic sampling draws rounds it does not
+    keep); None: the kept rows' ``completion_lengths`` are all it generated."""
+    episode_of_row: list[int] = field(default_factory=list)
+    """Multi-turn modes: the episode of each row (empty: each row is its own episode)."""
 
     @property
     def mean_reward(self) -> float:
+        """Mean per episode: a failed episode's several turns weigh as one episode, so that one
+        solved-at-1 episode among four gives 0.25, as its success rate does."""
+        if not self.episode_of_row:
+            return self.mean_turn_reward
+        by_episode: dict[int, list[float]] = {}
+        for episode, reward in zip(self.episode_of_row, self.rewards):
+            if reward == reward:  # NaN-free
+                by_episode.setdefault(episode, []).append(reward)
+        means = [sum(values) / len(values) for values in by_episode.values()]
+        return sum(means) / len(means) if means else float("nan")
+
+    @property
+    def mean_turn_reward(self) -> float:
+        """Mean per row (a turn, or a completion of single-turn modes)."""
         values = [r for r in self.rewards if r == r]  # NaN-free
         return sum(values) / len(values) if values else float("nan")
 
     @property
     def generated_tokens(self) -> int:
-        return sum(self.completion_lengths)
+        return sum(self.completion_lengths) if self.all_rounds_tokens is None else self.all_rounds_tokens
 
     def groups(self) -> list[list[int]]:
         """Completion indices of each prompt's group."""

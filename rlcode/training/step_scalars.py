@@ -1,6 +1,7 @@
 """The scalars of one training step, as pure functions of its StepRecord (every mode's).
 
-Names keep the original GRPO-on-MBPP scripts' W&B panels (``reward/avg_batch_reward``,
+Names keep the original GRPO-on-MBPP scripts' W&B panels (``reward/avg_batch_reward``, a mean per
+episode in multi-turn modes, whose per-turn mean is ``reward/avg_turn_reward``;
 ``reward/successful_predictions_count``) plus one mean per reward function (``reward/<name>``),
 completion lengths, loss parts (clip fractions, ratio, KL), throughput and where the step's time
 went. Success counts are kept by what counted them (a reward function's name, ``"episodes"`` for
@@ -45,6 +46,8 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     metrics.update({f"reward/{key}": value for key, value in record.reward_metrics.items()})
     metrics.update({f"loss/{key}": value for key, value in record.loss.items()})
     metrics.update({f"perf/{key}_s": value for key, value in record.timings.items()})
+    if record.episode_of_row:  # multi-turn: avg_batch_reward is per episode, this per turn
+        metrics["reward/avg_turn_reward"] = record.mean_turn_reward
     metrics.update(record.extra_metrics)
     return metrics
 

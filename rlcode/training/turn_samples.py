@@ -68,7 +68,8 @@ class EpisodeTurns:
             details=[_describe(turn.info) for turn in turns], advantages=advantages.tolist(),
             completion_lengths=[len(turn.completion_ids) for turn in turns], truncated=[t.truncated for t in turns],
             frac_reward_zero_std=frac_zero_std, updated=updated, loss=loss, reward_metrics=totals.metrics(),
-            timings=timings, episodes=[episode_json(e) for e in self.episodes], extra_metrics=extra_metrics)
+            timings=timings, episodes=[episode_json(e) for e in self.episodes], extra_metrics=extra_metrics,
+            episode_of_row=[e for e, _ in self.rows])
 
 
 def episode_json(episode: Episode) -> dict:
