@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from rlcode.callbacks import stop_request
 from rlcode.callbacks.checkpointing import StepCheckpoint
 from rlcode.callbacks.slurm_requeue import flush_loggers, requeue_job
+from rlcode import stop_signal
 
 
 class GracefulShutdown(L.Callback):
@@ -61,13 +62,15 @@ class GracefulShutdown(L.Callback):
             except ValueError:  # not the main thread (e.g. inside a notebook worker): leave signals alone
                 return
         stop_request.register(self)
+        stop_signal.watch(self._asked)  # the decode loop and the training step give up early on it
 
     def _on_signal(self, signum, frame) -> None:
         self.requested = signal.Signals(signum).name
         self.requeue = self.requeue or signum == signal.SIGUSR1
         then = ", then requeueing the job" if self.requeue else ""
         plan = ("finishing this batch, then stopping" if self._scoring_only
-                else f"finishing this step or eval batch, then saving a checkpoint{then}")
+                else f"ending this generation or eval batch (a step not yet updating is redone on resume), "
+                     f"then saving a checkpoint{then}")
         if signum == signal.SIGUSR1:
             # SLURM's warning: its SIGTERM at the limit (or a repeated warning) must not turn into an
             # immediate stop that skips the save and the requeue, so the handlers stay.
@@ -161,6 +164,10 @@ class GracefulShutdown(L.Callback):
             signal.signal(signum, previous)
         self._previous = {}
         stop_request.unregister(self)
+        stop_signal.unwatch(self._asked)
+
+    def _asked(self) -> bool:
+        return self.requested is not None
 
 
 def _keep_lightning_off_the_signals(trainer) -> None:

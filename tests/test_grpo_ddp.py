@@ -53,7 +53,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) ->
 
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
-        if signal_rank_zero and self.trainer.global_rank == 0 and batch_idx == 0:
+        if signal_rank_zero and self.trainer.global_rank == 0 and batch_idx == 1:
             from rlcode.callbacks import GracefulShutdown
 
             next(c for c in self.trainer.callbacks if isinstance(c, GracefulShutdown)).requested = "SIGTERM"
@@ -156,9 +156,10 @@ def test_two_rank_fit_shards_prompts_and_keeps_weights_identical(tmp_path, rewar
 
 
 def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
-    """Saving is collective: if rank zero alone stopped to save, both ranks would hang."""
+    """Saving is collective: if rank zero alone stopped to save, both ranks would hang. Rank zero is
+    signalled as step 1 starts: both ranks give step 1 up before its update and save step 0's end."""
     ranks = _run_two_ranks(tmp_path, "length_reward", "signal", timeout=150)
-    assert [r["global_step"] for r in ranks] == [1, 1], "both ranks stop after the signalled step"
+    assert [r["global_step"] for r in ranks] == [1, 1], "both ranks stop before the signalled step's update"
     saved = list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt"))
     assert saved, "the stop saved last.ckpt"
     import torch

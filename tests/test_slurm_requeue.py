@@ -1,11 +1,11 @@
 """SLURM's time-limit warning (SIGUSR1) without SLURM: fake ``SLURM_*`` variables and a fake
 ``scontrol`` on PATH that records how it was called.
 
-SIGUSR1 arrives in the middle of step 1 (sent by the reward function, i.e. while the step runs). The
-run must finish that step, save ``last.ckpt`` at step 2, call ``scontrol requeue <job id>`` once and
-exit 0, with no mid-step checkpoint of Lightning's auto-requeue. Then the "requeued" job starts
-the way ``slurm/grpo.sbatch`` does (same command, ``--ckpt_path last``, same job id) and continues at
-step 2 in the same run directory, with the prompt order of a run that was never stopped, ignoring a
+SIGUSR1 arrives in the middle of step 1 (sent by the reward function, i.e. before the step's update).
+The run gives that step up (``rlcode.training.step_abandon``), saves ``last.ckpt`` with the state step
+1 found, calls ``scontrol requeue <job id>`` once and exits 0, with no mid-step checkpoint of
+Lightning's auto-requeue. Then the "requeued" job starts the way ``slurm/grpo.sbatch`` does (same
+command, ``--ckpt_path last``, same job id) and redoes step 1 in the same run directory, with the prompt order of a run that was never stopped, ignoring a
 newer run of another job in the same experiment folder.
 """
 
@@ -78,10 +78,10 @@ def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_
     run = tmp_path / "runs/tiny/version_1"
     assert (tmp_path / "scontrol.log").read_text().split("\n")[:-1] == [f"requeue {JOB_ID}"]
     saved = checkpoint_metadata(run / "checkpoints/last.ckpt")
-    assert saved["global_step"] == 2, "step 1 was finished before saving"
+    assert saved["global_step"] == 1, "step 1, signalled before its update, was given up (redone after the requeue)"
     assert (run / "checkpoints/last.ckpt").is_dir() == (strategy == "fsdp")
     assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt")), "Lightning's mid-step auto-requeue must be off"
-    assert "stopped by SIGUSR1 at step 2 of 4" in first.stdout
+    assert "stopped by SIGUSR1 at step 1 of 4" in first.stdout
     record = json.loads((run / "run.json").read_text())
     assert record["slurm_job_id"] == JOB_ID
 
@@ -94,7 +94,7 @@ def test_sigusr1_saves_after_the_step_requeues_and_the_requeued_job_resumes(tmp_
     assert "rlcode fit finished: 4 " in requeued.stdout and "Training complete!" in requeued.stdout
 
     rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-    assert sorted({row["step"] for row in rows}) == [0, 1, 2, 3], "steps 0-1 before, 2-3 after the requeue"
+    assert sorted({row["step"] for row in rows}) == [0, 1, 2, 3], "step 0 before, 1-3 after the requeue"
     assert [sorted({r["task_id"] for r in rows if r["step"] == step}) for step in range(4)] == expected_order()
     with (run / "metrics.csv").open() as handle:
         import csv

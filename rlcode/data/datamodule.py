@@ -239,6 +239,14 @@ class MBPPDataModule(L.LightningDataModule):
             state["curriculum"] = self.curriculum.state_dict()
         return state
 
+    def state_before(self, batch) -> dict[str, Any]:
+        """The state as it was before the training ``batch`` was taken (a step given up puts it back)."""
+        state = self.state_dict()
+        if isinstance(batch, dict) and "position" in batch:
+            epoch, index = batch["position"]
+            state["position"] = {"epoch": epoch, "batch": index}
+        return state
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # validate/test restore a checkpoint's state too, but only a fit goes on to draw prompts from it
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING

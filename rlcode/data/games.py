@@ -82,6 +82,10 @@ class GameDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         return {"position": dict(self.position), "seed": self.seed}
 
+    def state_before(self, batch) -> dict:
+        """The state as it was before the training ``batch`` was taken (a step given up puts it back)."""
+        return {**self.state_dict(), "position": {"step": batch["step"]}} if "step" in batch else self.state_dict()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.position = dict(state_dict["position"])
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcode.models.cache_name import cache_argument, output_cache
+from rlcode import stop_signal
 from rlcode.models.sharding import gathered
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
@@ -140,6 +141,10 @@ class HFGenerateBackend:
                 result.lengths[done] = step + 1
                 result.ended[done] = True
             if step == limit - 1 or len(finished) == len(active_rows):
+                break
+            if stop_signal.asked():  # whoever asked for these rows abandons them: end every live row here
+                ended_here = set(finished)
+                result.lengths[[row for position, row in enumerate(active_rows) if position not in ended_here]] = step + 1
                 break
             if finished:
                 # Finished rows leave the batch: the rest decode on a smaller, cheaper batch.

@@ -54,6 +54,7 @@ from rlcode.training.policy_update import TrainerHooks, UpdateSettings, update_p
 from rlcode.training.resume_state import ExactResume
 from rlcode.training.run_context import RunContext
 from rlcode.training.run_history import RunDescription, RunHistory
+from rlcode.training.step_abandon import abandon, step_start, stop_agreed
 from rlcode.training.step_record import StepRecord, timed
 from rlcode.training.step_scalars import success_labels
 
@@ -167,6 +168,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self._reference = None  # a frozen copy, kept off the module tree (not saved, not optimized)
         self.sharding_plan: ShardingPlan | None = None  # FSDP: set in configure_model
         self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
+        self.abandoned_step_rng: dict | None = None  # a step given up on a stop signal: its starting RNG states
 
     from_pretrained_model = classmethod(from_pretrained_model)  # Learner.from_pretrained_model(model, tokenizer, mode=...)
 
@@ -254,10 +256,15 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> None:
         hp, timings, ranks = self.hparams, {}, self.ranks()
         step, step_started = self.global_step, time.perf_counter()
+        start, self.abandoned_step_rng = step_start(self.mode, self.datamodule(), batch), None
 
         with timed(timings, "generation"):  # rows to train on; their rewards start computing
             experience = self.mode.collect(self, batch)
             extra_metrics = self.mode.step_metrics(experience)
+        if stop_agreed(ranks):  # a stop signal: give the step up before its update (redone on resume)
+            abandon(start, experience, self.mode, self.datamodule(), self.device)
+            self.abandoned_step_rng, self.history.last_step = start.rng, None
+            return
         rollout = experience.rollout
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
             wants_reference = hp.beta != 0.0 and not hp.dry_run and rollout.completion_ids.size(0) > 0

@@ -58,13 +58,13 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([state.cpu() for state in states["cuda"]])
 
 
-def capture(parts: dict[str, Stateful]) -> dict[str, Any]:
-    """The checkpoint entry: every rank's RNG states now, and each part's state.
+def capture(parts: dict[str, Stateful], states: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The checkpoint entry: every rank's RNG states now (or ``states``, taken earlier), and each part's state.
 
     Every rank builds the checkpoint (rank zero alone writes it), so under DDP the ranks' generator
     states are gathered here, one collective per save, and each rank later takes back its own.
     """
-    states = rng_states()
+    states = rng_states() if states is None else states
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         gathered: list = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, states)
@@ -102,7 +102,9 @@ class ExactResume:
     _pending_rng: dict[str, Any] | None = None
 
     def save_resume_state(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[KEY] = capture({"mode": self.mode})
+        # After a step given up mid-way (a stop signal), the generators as that step found them: the
+        # resumed run redoes it from there.
+        checkpoint[KEY] = capture({"mode": self.mode}, getattr(self, "abandoned_step_rng", None))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         entry = checkpoint.get(KEY)

@@ -1,0 +1,51 @@
+"""A training step given up before its update, when a stop signal arrives while it collects rollouts.
+
+Generation is most of a step on CPU (minutes with long completions) and SLURM kills 30 s after its
+SIGTERM, so a step does not finish its collection once a stop is asked: the HF decode loop ends its
+rows at the next token (``rlcode.stop_signal``), the ranks agree after the collection (one all-reduce
+per step, at the same point on every rank), and the step leaves no trace. What it changed is put back
+as the step found it: the mode's state, the data's (the stream position, a curriculum's estimates)
+and, for the checkpoint, the random generators. The resumed run redoes the step on the same batch
+with the same sampling seeds (a function of the seed, the step and the rank) and ends as a run never
+stopped would. Once the update has begun the step finishes: weights and optimizer moments would have
+to be copied to be put back.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from rlcode import stop_signal
+from rlcode.training.resume_state import rng_states
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """What a step may change before its update, as the step found it."""
+
+    rng: dict[str, Any]
+    mode: dict[str, Any]
+    data: dict[str, Any] | None
+
+
+def step_start(mode, datamodule, batch) -> StepStart:
+    """Taken as the step begins; the DataModule has already moved past ``batch``, so its state is the
+    one from before the batch (``state_before``)."""
+    state_before = getattr(datamodule, "state_before", None)
+    data = copy.deepcopy(state_before(batch)) if callable(state_before) else None
+    return StepStart(rng=rng_states(), mode=copy.deepcopy(mode.state_dict()), data=data)
+
+
+def stop_agreed(ranks) -> bool:
+    """Whether any rank was asked to stop (every rank calls this once per step, after collecting)."""
+    return ranks.any(stop_signal.asked())
+
+
+def abandon(start: StepStart, experience, mode, datamodule, device) -> None:
+    """Let the step's sandbox jobs end (bounded by their timeouts), then put its state back."""
+    experience.rewards(device)
+    mode.load_state_dict(start.mode)
+    if start.data is not None:
+        datamodule.load_state_dict(start.data)

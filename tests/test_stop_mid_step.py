@@ -1,0 +1,101 @@
+"""A stop signal during a step's generation: the decode loop ends at the next token, the step is given
+up before its update (``rlcode.training.step_abandon``), ``last.ckpt`` holds the state the step found,
+and the resumed run redoes the step and ends with the weights and logged rewards of a run never
+stopped, bit for bit (full fine-tune and LoRA). The reward draws from python's, numpy's and torch's
+generators (``test_resume_exact.noisy_length_reward``), so putting back any state the abandoned step
+touched wrongly shows up as other rewards.
+
+Run as ``python tests/test_stop_mid_step.py ROOT STOP [args]``, STOP ``0`` or ``sigterm@K`` (SIGTERM
+at the first decode step of step K's generation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_resume_exact import LORA, STEPS, arguments, logged_rewards, weights
+
+pytestmark = pytest.mark.slow  # three tiny fits (10-20 s each)
+
+REPO = Path(__file__).resolve().parents[1]
+STOP_AT = 2
+
+
+def _sigterm_during_generation(root: Path, step: int) -> None:
+    """SIGTERM at the first decode step of the ``step``-th generate call (one per GRPO step, evals
+    off); count the decode steps that still run after it."""
+    from rlcode.rollout.hf_backend import HFGenerateBackend
+
+    calls, counts = {"generate": 0}, {"decode_steps_after_signal": None}
+    generate, decode_step = HFGenerateBackend.generate, HFGenerateBackend._decode_step
+
+    def counted_generate(self, *args, **kwargs):
+        calls["generate"] += 1
+        return generate(self, *args, **kwargs)
+
+    def decode_step_sending(self, *args, **kwargs):
+        if counts["decode_steps_after_signal"] is not None:
+            counts["decode_steps_after_signal"] += 1
+        elif calls["generate"] == step + 1:
+            counts["decode_steps_after_signal"] = 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        (root / "decode.json").write_text(json.dumps(counts))
+        return decode_step(self, *args, **kwargs)
+
+    HFGenerateBackend.generate, HFGenerateBackend._decode_step = counted_generate, decode_step_sending
+
+
+def _task_ids(run_dir: Path) -> dict[int, list]:
+    rows = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    return {step: sorted(str(row["task_id"]) for row in rows if row["step"] == step) for step in range(STEPS)}
+
+
+def run(root: Path, *extra: str, stop: str = "0") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(Path(__file__)), str(root), stop, *extra], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora"])
+def test_sigterm_during_generation_gives_the_step_up_and_the_resume_is_exact(tmp_path, adapter):
+    from rlcode.run_dir import checkpoint_metadata
+
+    extra = LORA if adapter == "lora" else []
+    straight = run(tmp_path / "straight", *extra)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    stopped = run(tmp_path / "resumed", *extra, stop=f"sigterm@{STOP_AT}")
+    assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    run_dir = tmp_path / "resumed/tiny/version_0"
+    # No decode step ran after the signal's own: the loop ended its rows at the next token.
+    assert json.loads((tmp_path / "resumed/decode.json").read_text())["decode_steps_after_signal"] == 0
+    assert sorted(logged_rewards(run_dir)) == list(range(STOP_AT)), "step 2 left no trace"
+    assert checkpoint_metadata(run_dir / "checkpoints/last.ckpt")["global_step"] == STOP_AT
+    assert f"stopped by SIGTERM at step {STOP_AT} of {STEPS}" in stopped.stdout, stopped.stdout[-2000:]
+
+    resumed = run(tmp_path / "resumed", *extra, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = tmp_path / "straight/tiny/version_0"
+    assert logged_rewards(run_dir) == logged_rewards(reference), "every step's logged reward, bit for bit"
+    assert _task_ids(run_dir) == _task_ids(reference), "each step's prompts: the given-up step's batch is redone"
+    ours, theirs = weights(run_dir), weights(reference)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+if __name__ == "__main__":
+    root, stop = Path(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)  # the same arithmetic in every run
+    root.mkdir(parents=True, exist_ok=True)
+    if stop.startswith("sigterm@"):
+        _sigterm_during_generation(root, int(stop.removeprefix("sigterm@")))
+    from rlcode.cli import main
+
+    main(arguments(root, *sys.argv[3:]))
