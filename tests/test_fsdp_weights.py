@@ -50,6 +50,7 @@ def _rank(rank: int, port: int, lora: bool, out: dict) -> None:
     streams = [dict(streamed_weights(model)) for model in (whole, sharded)]
     if rank == 0:
         out.update(decoded=decoded, streams=streams)
+    dist.barrier()  # rank 1 must not tear gloo down while rank 0 still sends its results (SIGABRT seen)
     dist.destroy_process_group()
 
 
