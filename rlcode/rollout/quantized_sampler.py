@@ -109,7 +109,7 @@ class QuantizedSampler:
 
 def quantized_copy(policy: nn.Module, fp32_layers: tuple[str, ...] = FP32_LAYERS) -> tuple[nn.Module, list[str]]:
     """(int8 copy of ``policy`` in eval mode, ["layer: reason"] of linears left in fp32)."""
-    refusal = device_refusal(next(policy.parameters()).device)
+    refusal = device_refusal(policy_device(policy))
     if refusal is not None:
         raise ValueError(refusal)
     model = dense_copy(policy)
@@ -125,6 +125,10 @@ def quantized_copy(policy: nn.Module, fp32_layers: tuple[str, ...] = FP32_LAYERS
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, quantized)
     return model.eval(), fallbacks
+
+
+def policy_device(policy: nn.Module) -> torch.device:
+    return next(policy.parameters()).device
 
 
 def int8_linear(module: nn.Linear) -> nn.Module:
