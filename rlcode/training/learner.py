@@ -41,7 +41,7 @@ from rlcode.models.sharding import (ShardingPlan, broadcast_from_rank_zero, is_s
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
-from rlcode.rollout.quantized_sampler import RolloutPrecision, precision_refusal
+from rlcode.rollout.quantized_sampler import precision_refusal
 from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
@@ -78,7 +78,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         stop: list[str] | None = None,
         generation_seed: int = 0,
         rollout_backend: Literal["hf", "vllm", "openai"] = "hf",
-        rollout_precision: RolloutPrecision = "same",
+        rollout_precision: Literal["same", "int8"] = "same",
         vllm: VLLMSettings | None = None,
         openai: OpenAISettings | None = None,
         learning_rate: float = 1e-6,
