@@ -18,7 +18,7 @@ from rlcode.models.adapters import LoraSettings
 from rlcode.models.cache_name import cache_argument
 from rlcode.rollout import HFGenerateBackend, SamplingParams, render_prompt
 from rlcode.rollout.quantized_sampler import (FP32_LAYERS, QuantizedSampler, device_refusal, precision_refusal,
-                                              quantized_copy)
+                                              int8_linear_class, quantized_copy)
 
 TEXTS = ["def add(a, b):", "Write a function that returns the sum of a list of numbers.", "class Stack:"]
 INT8 = torch.ao.nn.quantized.dynamic.Linear
@@ -40,10 +40,11 @@ def prompts(tokenizer):
 
 
 def reference_int8(model):
-    """torch's own ``quantize_dynamic`` of a full copy, with the sampler's layer choice."""
+    """torch's own ``quantize_dynamic`` of a full copy, with the sampler's layer choice and activation range."""
     spec = {name: torch.ao.quantization.per_channel_dynamic_qconfig for name, module in model.named_modules()
             if isinstance(module, nn.Linear) and name.split(".")[-1] not in FP32_LAYERS}
-    return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8).eval()
+    return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8,
+                                                  mapping={nn.Linear: int8_linear_class()}).eval()
 
 
 @torch.no_grad()
@@ -71,7 +72,7 @@ def test_every_linear_but_the_down_projections_is_int8(model):
     kinds = {name.split(".")[-1]: type(module) for name, module in copy_.named_modules()
              if isinstance(module, (nn.Linear, INT8))}
     assert fallbacks == [] and kinds.pop("down_proj") is nn.Linear
-    assert set(kinds.values()) == {INT8} and "lm_head" in kinds
+    assert set(kinds.values()) == {int8_linear_class()} and "lm_head" in kinds
     # embeddings and norms are the policy's own tensors, not copies
     shared = {name: p.data_ptr() for name, p in model.named_parameters()}
     assert all(shared[name] == p.data_ptr() for name, p in copy_.named_parameters())
@@ -165,7 +166,7 @@ def test_a_layer_torch_cannot_quantize_stays_fp32_with_one_log_line(model, monke
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 1 and "could not be quantized" in lines[0] and "q_proj: RuntimeError" in lines[0]
     assert type(copy_.model.layers[0].self_attn.q_proj) is nn.Linear
-    assert type(copy_.model.layers[0].self_attn.o_proj) is INT8
+    assert isinstance(copy_.model.layers[0].self_attn.o_proj, INT8)
 
 
 def test_gpu_and_unsupported_settings_are_refused_in_one_line(model, monkeypatch):
@@ -240,3 +241,15 @@ def test_the_frozen_opponent_samples_at_the_trainers_precision(model, tokenizer,
     assert rollout.sampling_logps is not None  # sampled by an int8 copy of the frozen weights
     module.hparams = {"rollout_precision": "same"}
     assert frozen_generator(module, frozen_copy(model))(prompts[:1], 0).sampling_logps is None
+
+
+def test_activations_keep_8_bits_only_where_vnni_cannot_saturate(model, monkeypatch):
+    linear = nn.Linear(64, 32)
+    inputs = torch.randn(4, 64)
+    inputs[:, 3] = 50.0  # an outlier channel: one per-tensor scale for all
+    linear.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    errors = {cls: float((cls.from_float(linear)(inputs) - linear(inputs)).abs().max())
+              for cls in (quantized_sampler.FullRangeInt8Linear, INT8)}
+    assert errors[quantized_sampler.FullRangeInt8Linear] < errors[INT8]
+    monkeypatch.setattr(quantized_sampler, "_has_vnni", lambda: False)
+    assert {type(m) for m in quantized_copy(model)[0].modules() if isinstance(m, INT8)} == {INT8}

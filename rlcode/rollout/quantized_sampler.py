@@ -14,13 +14,20 @@ one, per output channel, in place. Embeddings, norms and buffers stay the policy
 not copied: the copy adds only the int8 weights (SmolLM2: ~106 MB), and the copy is rebuilt before
 any generate that follows a weight change, so sharing never shows a half-updated policy.
 
-Which layers stay fp32 (measured on SmolLM2-135M-Instruct, a 167-token MBPP prompt, per-channel
-weights; mean |log p_policy - log p_int8| of sampled tokens at T=0.7): every linear int8 1.91; the
-MLP down projections in fp32 0.51. Their inputs (after SiLU x up) carry the activation outliers that
-per-tensor 8-bit activation quantization (7-bit on x86, reduce_range) flattens, so they stay fp32
-(``FP32_LAYERS``). The LM head (tied to the embedding in SmolLM2) is quantized: a separate int8 copy
-of the tied matrix (+28 MB) makes the head ~10x cheaper (49152 x 576, a fifth of all weights), and
-its share of the mismatch was small (1.73 -> 1.91 with the head int8, both with down_proj int8).
+Accuracy, measured on SmolLM2-135M-Instruct (a 167-token MBPP prompt and solution, per-channel
+weights; mean |log p_policy - log p_int8| of tokens sampled at T=0.7):
+
+    every linear int8, torch's 7-bit activations (reduce_range)     1.97
+    MLP down projections kept fp32                                   0.46
+    down projections fp32, 8-bit activations on a VNNI CPU           0.24   <- what ``int8`` samples with
+
+The down projections' inputs (SiLU(gate) x up) carry activation outliers that one per-tensor 8-bit
+scale flattens, so they stay fp32 (``FP32_LAYERS``; a quarter of the linear weights). torch keeps
+activations to 7 bits because AVX2's u8 x s8 pair sums saturate at int16; VNNI accumulates in int32,
+so on a CPU with it the eighth bit is free (same speed; ``FullRangeInt8Linear``). The LM head (tied to
+the embedding in SmolLM2) is quantized: a separate int8 copy of the tied matrix (+28 MB) makes the
+head ~10x cheaper (49152 x 576, a fifth of all weights) for a small share of the mismatch (1.73 ->
+1.91 with 7-bit activations and the down projections int8).
 
 On a GPU: torch's dynamic quantization has no CUDA kernels and torch 2.13 documents no int8/fp8
 weight API for CUDA without extra packages (torchao), so ``int8`` is refused there. A quantized
@@ -29,9 +36,11 @@ weight API for CUDA without extra packages (torchao), so ``int8`` is refused the
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -137,7 +146,30 @@ def int8_linear(module: nn.Linear) -> nn.Module:
     with warnings.catch_warnings():  # torch 2.13 marks torch.ao deprecated; it is still its CPU int8 path
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return torch.ao.nn.quantized.dynamic.Linear.from_float(module)
+        return int8_linear_class().from_float(module)
+
+
+class FullRangeInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """torch's dynamic int8 linear with activations quantized to 8 bits instead of 7 (``reduce_range``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params,
+                                                  reduce_range=False).to(x.dtype)
+
+
+def int8_linear_class() -> type:
+    """``FullRangeInt8Linear`` on a CPU with VNNI (int32 accumulation: 8-bit activations cannot saturate),
+    else torch's own (7-bit activations, safe for AVX2's int16 pair sums)."""
+    return FullRangeInt8Linear if _has_vnni() else torch.ao.nn.quantized.dynamic.Linear
+
+
+@functools.cache
+def _has_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: assume the worst
+        return False
+    return any(flag in flags.split() for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 def dense_copy(policy: nn.Module) -> nn.Module:
