@@ -46,6 +46,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from rlcode.errors import SettingError
 from rlcode.rollout.vllm.weights import checkpoint_name, is_peft_model, streamed_weights
 
 logger = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ class QuantizedSampler:
 def quantized_copy(policy: nn.Module, fp32_layers: tuple[str, ...] = FP32_LAYERS) -> tuple[nn.Module, list[str]]:
     """(int8 copy of ``policy`` in eval mode, ["layer: reason"] of linears left in fp32)."""
     refusal = device_refusal(policy_device(policy))
-    if refusal is not None:
-        raise ValueError(refusal)
+    if refusal is not None:  # a SettingError: `rlcode fit` prints it as one line
+        raise SettingError(refusal)
     model = dense_copy(policy)
     fallbacks = []
     for name, module in list(model.named_modules()):
