@@ -178,7 +178,7 @@ def test_gpu_and_unsupported_settings_are_refused_in_one_line(model, monkeypatch
     with pytest.raises(ValueError, match="runs on CPU only.*use model.rollout_precision same"):
         quantized_copy(model)
     assert "rollout_backend 'vllm'" in precision_refusal("int8", "vllm", None)
-    assert "QLoRA" in precision_refusal("int8", "hf", "4bit")
+    assert "8bit" in precision_refusal("int8", "hf", "8bit") and precision_refusal("int8", "hf", "4bit") is None
     assert precision_refusal("same", "vllm", "4bit") is None
 
 
@@ -253,3 +253,17 @@ def test_activations_keep_8_bits_only_where_vnni_cannot_saturate(model, monkeypa
     assert errors[quantized_sampler.FullRangeInt8Linear] < errors[INT8]
     monkeypatch.setattr(quantized_sampler, "_has_vnni", lambda: False)
     assert {type(m) for m in quantized_copy(model)[0].modules() if isinstance(m, INT8)} == {INT8}
+
+
+def test_qlora_the_copy_is_the_dequantized_base_plus_the_adapters():
+    policy = load_model("tiny-random", quantization="4bit", lora=LoraSettings(r=4, alpha=8, dropout=0.0)).eval()
+    for name, parameter in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.5)
+    every_linear = tuple({name.split(".")[-1] for name, m in policy.named_modules() if "proj" in name} | {"lm_head"})
+    dense, _ = quantized_copy(policy, fp32_layers=every_linear)  # nothing int8: the dense copy alone
+    torch.testing.assert_close(head_logits(dense), head_logits(policy), atol=1e-4, rtol=1e-4)
+    with policy.disable_adapter():
+        torch.testing.assert_close(head_logits(quantized_copy(policy, fp32_layers=every_linear)[0]),
+                                   head_logits(policy), atol=1e-4, rtol=1e-4)
+    assert any(isinstance(m, INT8) for m in quantized_copy(policy)[0].modules())

@@ -30,8 +30,9 @@ head ~10x cheaper (49152 x 576, a fifth of all weights) for a small share of the
 1.91 with 7-bit activations and the down projections int8).
 
 On a GPU: torch's dynamic quantization has no CUDA kernels and torch 2.13 documents no int8/fp8
-weight API for CUDA without extra packages (torchao), so ``int8`` is refused there. A quantized
-(bitsandbytes, QLoRA) base is refused too: its weights cannot be streamed as plain tensors.
+weight API for CUDA without extra packages (torchao), so ``int8`` is refused there. QLoRA (a 4-bit
+NF4 base): each base weight is dequantized (bitsandbytes), the adapters' deltas added, then quantized
+to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format is not fbgemm's).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ import torch
 from torch import nn
 
 from rlcode.errors import SettingError
-from rlcode.rollout.vllm.weights import checkpoint_name, is_peft_model, streamed_weights
+from rlcode.rollout.vllm.weights import (_named_sources, adapters_disabled, checkpoint_name, is_peft_model,
+                                         streamed_weights)
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +68,9 @@ def precision_refusal(precision: str, rollout_backend: str, quantization) -> str
     if rollout_backend != "hf":
         return (f"model.rollout_precision int8 quantizes the 'hf' backend's sampler, not rollout_backend "
                 f"{rollout_backend!r}: use model.rollout_precision same")
-    if quantization is not None:
-        return (f"model.rollout_precision int8 needs full-precision base weights, but model.quantization="
-                f"{quantization!r} (QLoRA) keeps them in bitsandbytes form: use model.rollout_precision same")
+    if quantization is not None and quantization != "4bit":
+        return (f"model.rollout_precision int8 dequantizes a 4-bit QLoRA base, not model.quantization="
+                f"{quantization!r}: use model.rollout_precision same, or model.quantization 4bit")
     return None
 
 
@@ -181,7 +183,7 @@ def dense_copy(policy: nn.Module) -> nn.Module:
     base = policy.get_base_model() if is_peft_model(policy) else policy
     with torch.device("meta"):
         skeleton = type(base)(base.config)
-    weights = dict(streamed_weights(policy))
+    weights = _dequantized_weights(policy) if _has_4bit_weights(policy) else dict(streamed_weights(policy))
     if any(tensor.dtype != torch.float32 for tensor in weights.values()):
         weights = {name: tensor.float() for name, tensor in weights.items()}  # fbgemm packs fp32 weights only
     _, unexpected = skeleton.load_state_dict(weights, strict=False, assign=True)
@@ -198,6 +200,36 @@ def dense_copy(policy: nn.Module) -> nn.Module:
     if left:
         raise RuntimeError(f"int8 sampler: no weights for {left[:3]} in the policy")
     return skeleton.requires_grad_(False)
+
+
+def _has_4bit_weights(policy: nn.Module) -> bool:
+    return any(type(parameter).__name__ == "Params4bit" for parameter in policy.parameters())
+
+
+def _dequantized_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """QLoRA: the policy's tensors by checkpoint name, each 4-bit base weight dequantized in fp32 and
+    its active adapters' deltas added (none inside ``disable_adapter()``); the rest as they are."""
+    from bitsandbytes.functional import dequantize_4bit
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[int, tuple] = {}  # id(base weight) -> (LoRA layer, its active adapters)
+    if not adapters_disabled(policy):
+        for layer in policy.modules():
+            if isinstance(layer, LoraLayer) and not layer.merged:
+                names = [name for name in policy.active_adapters if name in layer.lora_A]
+                if names:
+                    deltas[id(layer.get_base_layer().weight)] = (layer, names)
+    weights = {}
+    with torch.no_grad():
+        for _, target, parameter in _named_sources(policy):
+            tensor = parameter.detach()
+            if type(parameter).__name__ == "Params4bit":
+                tensor = dequantize_4bit(parameter.data, parameter.quant_state).float()
+            if id(parameter) in deltas:
+                layer, names = deltas[id(parameter)]
+                tensor = tensor.float() + sum(layer.get_delta_weight(name).float() for name in names)
+            weights[target] = tensor
+    return weights
 
 
 def _tie_head(model: nn.Module) -> None:
