@@ -49,6 +49,7 @@ class Settings:
     threads: int = 2
     seed: int = 0
     share_prefix: bool = True  # rlcode only: TRL has no shared-prefix pass
+    rollout_precision: str = "same"  # rlcode only: "int8" samples from an int8 copy (TRL samples in fp32)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -189,7 +190,8 @@ def run_rlcode(settings: Settings) -> dict:
     module = Learner(mode=mode, model_name=settings.model, max_new_tokens=settings.max_new_tokens,
                   temperature=settings.temperature, learning_rate=settings.learning_rate, loss_type="dapo",
                   beta=settings.beta, micro_batch_size=settings.micro_batch_size, max_grad_norm=1.0,
-                  generation_seed=settings.seed, share_prefix=settings.share_prefix)
+                  generation_seed=settings.seed, share_prefix=settings.share_prefix,
+                  rollout_precision=settings.rollout_precision)
     clock = StepClock()
     counters = []
 

@@ -20,6 +20,9 @@ backend's in-place one (`rlcode.rollout.kv_cache`), against two floors measured 
                  grpo_sides.matmul_flops_per_s, as step_throughput.py's utilisation uses)
   weight floor   every nn.Linear of the model once, in module order, on [rows, in] inputs: the
                  products a decode step cannot avoid, with the weights read from memory as in a step
+and the int8 sampler's step (`model.rollout_precision: int8`, in-place cache) against its own floor,
+measured the same way: every linear of the int8 copy once (the dynamic int8 ones, and the MLP down
+projections it keeps in fp32; the int8 ones alone are shown too).
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
     python benchmarks/rollout_speed.py --models tiny-random --threads 1 --stop '```' '[DONE]' \
@@ -45,8 +48,11 @@ from rlcode.models import load_model, load_tokenizer
 from rlcode.models.cache_name import output_cache
 from rlcode.rollout import HFGenerateBackend, SamplingParams, render_prompt
 from rlcode.rollout.kv_cache import preallocate
+from rlcode.rollout.quantized_sampler import quantized_copy
 
 from grpo_sides import matmul_flops_per_s
+
+DynamicInt8Linear = torch.ao.nn.quantized.dynamic.Linear
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of integers.",
@@ -168,10 +174,12 @@ def _median_ms(call, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def decode_steps_ms(backend: HFGenerateBackend, batch: int, context: int, steps: int, in_place: bool) -> list[float]:
+def decode_steps_ms(backend: HFGenerateBackend, batch: int, context: int, steps: int, in_place: bool,
+                    model=None) -> list[float]:
     """Times of the backend's decode step (`_decode_step`), `steps` times after a `context`-token
-    prefill of `batch` rows, with transformers' cache or (`in_place`) the backend's."""
-    model = backend.model
+    prefill of `batch` rows, with transformers' cache or (`in_place`) the backend's; `model`: the
+    model stepped (default the backend's; the int8 copy for the int8 sampler)."""
+    model = backend.model if model is None else model
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size - 1, (batch, context), generator=generator)
     mask = torch.ones_like(ids)
@@ -184,7 +192,7 @@ def decode_steps_ms(backend: HFGenerateBackend, batch: int, context: int, steps:
         for _ in range(steps):
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
             start = time.perf_counter()
-            logits = backend._decode_step(tokens, mask, positions, cache)
+            logits = backend._decode_step(model, tokens, mask, positions, cache)
             times.append(time.perf_counter() - start)
             tokens, positions = logits.argmax(-1), positions + 1
     return [seconds * 1e3 for seconds in times]
@@ -199,20 +207,31 @@ def decode_step_report(model_name: str, batch: int, context: int, steps: int, re
     hot_rate = matmul_flops_per_s(hidden, inner, tokens=batch)  # one weight, repeated: it stays cached
     bound = flops / hot_rate * 1e3
     inputs = {size: torch.randn(batch, size) for size in {module.in_features for module in linears}}
+    int8 = quantized_copy(model)[0]
+    int8_layers = [m for m in int8.modules() if isinstance(m, (torch.nn.Linear, DynamicInt8Linear))]
     with torch.no_grad():
         floor = _median_ms(lambda: [F.linear(inputs[m.in_features], m.weight, m.bias) for m in linears], repeats)
-    step = {"transformers' cache": [], "in-place cache": []}
+        int8_floor = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers], repeats)
+        int8_only = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers
+                                        if isinstance(m, DynamicInt8Linear)], repeats)
+    step = {"transformers' cache": [], "in-place cache": [], "int8 in-place cache": []}
     for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit both alike
         for name in list(step)[:: -1 if repeat % 2 else 1]:
-            step[name] += decode_steps_ms(backend, batch, context, steps, in_place=name == "in-place cache")
+            step[name] += decode_steps_ms(backend, batch, context, steps, in_place=name != "transformers' cache",
+                                          model=int8 if name.startswith("int8") else None)
     print(f"\n{model_name}: decode step, batch {batch}, context {context} -> {context + steps}, "
           f"torch threads {torch.get_num_threads()}")
     print(f"  matmul bound   {bound:7.1f} ms  ({flops / 1e9:.2f} GFLOP at {hot_rate / 1e9:.1f} GFLOP/s, "
           f"[{batch}, {hidden}] x [{hidden}, {inner}] repeated)")
     print(f"  weight floor   {floor:7.1f} ms  (x{floor / bound:.2f} the bound: {len(linears)} linears once each)")
+    kept = sum(not isinstance(m, DynamicInt8Linear) for m in int8_layers)
+    print(f"  int8 floor     {int8_floor:7.1f} ms  ({len(int8_layers) - kept} int8 linears {int8_only:.1f} ms, "
+          f"{kept} kept fp32)")
     for name, times in step.items():
         median = statistics.median(times)
-        print(f"  {name:20s} {median:7.1f} ms  (x{median / bound:.2f} the bound, x{median / floor:.2f} the floor)")
+        own_floor = int8_floor if name.startswith("int8") else floor
+        print(f"  {name:20s} {median:7.1f} ms  (x{median / bound:.2f} the bound, x{median / own_floor:.2f} "
+              f"{'the int8' if name.startswith('int8') else 'the'} floor)")
 
 
 def main() -> None:

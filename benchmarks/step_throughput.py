@@ -20,6 +20,9 @@ interpreter so its peak RSS is its own. Reported per side:
 and the ratios rlcode / TRL. Goal: >= 2x TRL's tokens/s at no more memory. The machine is shared
 and noisy: ``--repeats`` alternates the sides and keeps each side's best run. ``--no-share-prefix``
 runs rlcode's plain training pass (every row runs its whole prompt), for the ablation.
+``--rollout-precision int8`` makes rlcode sample from its int8 copy of the policy (the loss then carries
+the importance-sampling correction; TRL still samples in fp32): the copy is built in the warm-up step,
+and its rebuild after every update counts in the measured steps.
 
     python benchmarks/step_throughput.py                                  # tiny-random, beta 0
     python benchmarks/step_throughput.py --model all --steps 4 --repeats 2
@@ -89,7 +92,8 @@ def compare(settings, repeats: int, timeout: float) -> dict:
                 best[side] = summary
     rl, trl = best["rlcode"], best["trl"]
     return {"model": settings.model, "beta": settings.beta, "reward": settings.reward,
-            "share_prefix": settings.share_prefix, "rlcode": rl, "trl": trl,
+            "share_prefix": settings.share_prefix, "rollout_precision": settings.rollout_precision,
+            "rlcode": rl, "trl": trl,
             "tokens_per_s_ratio": rl["tokens_per_s"] / trl["tokens_per_s"],
             "peak_rss_ratio": rl["peak_rss_mb"] / trl["peak_rss_mb"]}
 
@@ -124,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-share-prefix", action="store_true", help="rlcode runs its plain training pass")
+    parser.add_argument("--rollout-precision", default="same", choices=["same", "int8"],
+                        help="rlcode samples from the policy or from an int8 copy of it")
     parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating; the best is kept")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per side run")
     parser.add_argument("--json", type=Path, help="also write the full results here")
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     for model in (MODELS if args.model == "all" else (args.model,)):
         settings = Settings(model=model, steps=args.steps, beta=args.beta, reward=args.reward,
                             max_new_tokens=args.max_new_tokens, num_generations=args.num_generations,
-                            threads=args.threads, share_prefix=not args.no_share_prefix)
+                            threads=args.threads, share_prefix=not args.no_share_prefix,
+                            rollout_precision=args.rollout_precision)
         rows.append(compare(settings, args.repeats, args.timeout))
     print_table(rows)
     line = {"benchmark": "step_throughput", "steps": args.steps, "warmup_steps": 1, "repeats": args.repeats,

@@ -60,6 +60,7 @@ class MBPPEval(L.Callback):
         batch_size: int | None = None,
         sandbox_workers: int | None = None,
         benchmark: Literal["mbpp", "humaneval"] = "mbpp",
+        rollout_precision: Literal["same", "int8"] = "same",
     ) -> None:
         """Score the policy on the DataModule's eval split (``data.eval_split``).
 
@@ -80,6 +81,9 @@ class MBPPEval(L.Callback):
             benchmark: "mbpp" (the DataModule's ``eval_split``) or "humaneval" (HumanEval's 164
                 problems, which training never sees; also what ``rlcode validate`` / ``test`` score).
                 Metrics are ``<benchmark>_eval/...``.
+            rollout_precision: the sampler of the eval's completions, "same" (the policy in full
+                precision, whatever ``model.rollout_precision`` trains with) or "int8" (the hf backend's
+                int8 copy, CPU); the eval files record it.
         """
         if benchmark not in BENCHMARKS:
             raise ValueError(f"eval.benchmark must be one of {', '.join(BENCHMARKS)}, got {benchmark!r}")
@@ -97,6 +101,7 @@ class MBPPEval(L.Callback):
         self.batch_size = batch_size
         self.sandbox_workers = sandbox_workers
         self.benchmark = benchmark
+        self.rollout_precision = rollout_precision
         self._pool = None
         self._last_step: int | None = None
         self._loop_reports: list = []  # rlcode validate / test: the batches' reports
@@ -225,7 +230,8 @@ class MBPPEval(L.Callback):
                 pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
                 split=where, num_samples=settings.num_samples, ks=settings.k, temperature=settings.temperature,
                 max_new_tokens=settings.max_new_tokens, timeout=settings.timeout, batch_size=settings.batch_size,
-                progress=progress, benchmark=self.benchmark, should_stop=stop_request.checker(trainer))
+                progress=progress, benchmark=self.benchmark, should_stop=stop_request.checker(trainer),
+                rollout_precision=self.rollout_precision)
             report.settings = settings.as_json()
         except EvalStopped as stopped:
             # Nothing written or recorded: the history has no eval at this step, so a resume runs it.

@@ -9,6 +9,7 @@ import torch
 
 from rlcode.algorithms.importance_correction import (
     corrected_advantages,
+    log_ratios,
     truncated_importance_weights,
     weight_metrics,
 )
@@ -57,6 +58,19 @@ def test_corrected_advantages_and_metrics_by_hand():
     metrics = weight_metrics(weights, mask, cap=3.0)
     assert metrics == pytest.approx({"importance_weight_mean": (0.5 + 3.0 + 2.0) / 3, "importance_weight_min": 0.5,
                                      "importance_weight_max": 3.0, "importance_weight_capped_frac": 1 / 3})
+
+
+def test_mismatch_metrics_by_hand():
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, 0.0]])
+    sampler = torch.tensor([[-1.5, -0.5, NAN], [-0.5, -4.0, float("-inf")]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    ratios = log_ratios(trainer, sampler, mask)
+    assert ratios.tolist() == [[0.5, -1.5, 0.0], [0.0, 3.0, 0.0]]  # NaN: no correction; padding: 0
+    weights = truncated_importance_weights(trainer, sampler, mask, cap=3.0)
+    metrics = weight_metrics(weights, mask, cap=3.0, ratios=ratios)
+    assert metrics["importance_log_ratio_abs_mean"] == pytest.approx((0.5 + 1.5 + 0.0 + 0.0 + 3.0) / 5)
+    assert metrics["importance_log_ratio_abs_max"] == 3.0 and metrics["importance_weight_capped_frac"] == pytest.approx(0.2)
+    assert "importance_log_ratio_abs_mean" not in weight_metrics(weights, mask, cap=3.0)  # without ratios
 
 
 def test_folding_the_weights_into_the_advantages_weights_the_surrogate_and_not_the_kl():

@@ -45,11 +45,17 @@ def truncated_importance_weights(trainer_logps: Tensor, sampler_logps: Tensor, m
                          f"and mask {tuple(mask.shape)} must all be [B, T].")
     if cap < 1:
         raise ValueError(f"cap={cap} is below 1, which would down-weight every token: use e.g. TRL's 3.0.")
+    return torch.exp(log_ratios(trainer_logps, sampler_logps, mask)).clamp(max=cap)  # [B, T]
+
+
+def log_ratios(trainer_logps: Tensor, sampler_logps: Tensor, mask: Tensor) -> Tensor:
+    """trainer - sampler per token [B, T], detached; 0 on padding and where the sampler gave none (NaN)."""
+    import torch
+
     dtype = torch.promote_types(trainer_logps.dtype, torch.float32)
     difference = trainer_logps.detach().to(dtype) - sampler_logps.to(trainer_logps.device, dtype)  # [B, T]
     # where(), not *mask: padding may hold -inf or NaN; nan_to_num: NaN -> 0 (ratio 1), -inf -> very negative
-    difference = torch.nan_to_num(torch.where(mask.bool(), difference, 0.0), nan=0.0)
-    return torch.exp(difference).clamp(max=cap)  # [B, T]
+    return torch.nan_to_num(torch.where(mask.bool(), difference, 0.0), nan=0.0)
 
 
 def corrected_advantages(advantages: Tensor, weights: Tensor) -> Tensor:
@@ -59,12 +65,18 @@ def corrected_advantages(advantages: Tensor, weights: Tensor) -> Tensor:
     return advantages.unsqueeze(1) * weights.to(advantages.dtype)
 
 
-def weight_metrics(weights: Tensor, mask: Tensor, cap: float = DEFAULT_CAP) -> dict[str, float]:
-    """Mean, min and max weight over completion tokens, and the fraction truncated at the cap."""
+def weight_metrics(weights: Tensor, mask: Tensor, cap: float = DEFAULT_CAP,
+                   ratios: Tensor | None = None) -> dict[str, float]:
+    """Mean, min and max weight over completion tokens, and the fraction truncated at the cap; with
+    ``ratios`` (``log_ratios``), the mean and max |log ratio| per token: how far the sampler is."""
     active = weights[mask.bool()]
     if active.numel() == 0:
         return {}
-    return {
+    mismatch = {} if ratios is None else {
+        "importance_log_ratio_abs_mean": float(ratios[mask.bool()].abs().mean()),
+        "importance_log_ratio_abs_max": float(ratios[mask.bool()].abs().max()),
+    }
+    return {**mismatch,
         "importance_weight_mean": float(active.mean()),
         "importance_weight_min": float(active.min()),
         "importance_weight_max": float(active.max()),

@@ -74,6 +74,7 @@ class EvalReport:
     pass_at_k: dict[str, float] = field(default_factory=dict)
     benchmark: str = "mbpp"  # names the metrics: "<benchmark>_eval/pass_rate", ...
     settings: dict = field(default_factory=dict)  # rlcode.eval.settings.EvalSettings.as_json()
+    rollout_precision: str = "same"  # the sampler of the completions: "same" (the policy) or "int8"
 
     @property
     def problems_passed(self) -> int:
@@ -93,14 +94,16 @@ class EvalReport:
         return {"step": self.step, "benchmark": self.benchmark, "split": self.split,
                 "num_questions": len(self.problems),
                 "pass_rate": self.pass_rate, "problems_passed": self.problems_passed,
-                "sample_temperature": self.temperature, **self.pass_at_k, "generation": self.settings,
+                "sample_temperature": self.temperature, "rollout_precision": self.rollout_precision,
+                **self.pass_at_k, "generation": self.settings,
                 "problems": [asdict(p) for p in self.problems]}
 
 
 def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, *, step: int, split: str,
                  num_samples: int = 0, ks: Sequence[int] = (), temperature: float = 0.0, max_new_tokens: int,
                  timeout: float, batch_size: int, progress: EvalProgress | None = None,
-                 benchmark: str = "mbpp", should_stop: Callable[[], bool] | None = None) -> EvalReport:
+                 benchmark: str = "mbpp", should_stop: Callable[[], bool] | None = None,
+                 rollout_precision: str = "same") -> EvalReport:
     """Greedy pass@1 on every problem, plus pass@k from ``num_samples`` samples at ``temperature``.
 
     ``prompts`` are rendered (one per problem); ``batch_size`` prompts of similar length are
@@ -112,6 +115,9 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     ``should_stop`` is asked before each batch is generated (greedy, then sampled); when it says yes,
     ``EvalStopped`` is raised: a stop waits for one batch at most. Under DDP it must give every rank
     the same answer at the same batch (``rlcode.callbacks.stop_request.agreed``).
+
+    ``rollout_precision`` picks the sampler ("same": the policy in full precision, also when training
+    samples from int8; "int8": the hf backend's int8 copy); the report records it.
     """
     if batch_size < 1:
         raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
@@ -122,7 +128,8 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
         stop(start)
         chosen = order[start:start + batch_size]
         batch_problems = [problems[i] for i in chosen]
-        greedy = _generate(module, [prompts[i] for i in chosen], 1, 0.0, max_new_tokens, batch_size, seed=step + start)
+        greedy = _generate(module, [prompts[i] for i in chosen], 1, 0.0, max_new_tokens, batch_size, seed=step + start,
+                           precision=rollout_precision)
         verdicts = _check_all(pool, batch_problems, greedy, 1, timeout)
         for index, problem, completion, verdict in zip(chosen, batch_problems, greedy, verdicts):
             results[index] = ProblemResult(problem.task_id, verdict.all_passed, _describe(verdict), completion)
@@ -131,7 +138,7 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     pass_at_k = {}
     if num_samples > 0:
         sampled = _generate(module, prompts, num_samples, temperature, max_new_tokens,
-                            max(1, batch_size // num_samples), seed=step + 1, stop=stop)
+                            max(1, batch_size // num_samples), seed=step + 1, stop=stop, precision=rollout_precision)
         verdicts = _check_all(pool, problems, sampled, num_samples, timeout)
         counts = {}
         for index, result in enumerate(results):
@@ -141,7 +148,7 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
             result.sample_completions = [sampled[i] for i in rows]
             counts[result.task_id] = (num_samples, result.samples_passed)
         pass_at_k = mean_pass_at_k(counts, list(ks))
-    return EvalReport(step, split, temperature, results, pass_at_k, benchmark)
+    return EvalReport(step, split, temperature, results, pass_at_k, benchmark, rollout_precision=rollout_precision)
 
 
 def score_batch(module, batch: dict, pool, *, split: str, settings: EvalSettings,
@@ -174,12 +181,13 @@ def _stopper(should_stop: Callable[[], bool] | None, total: int) -> Callable[[in
 
 
 def _generate(module, prompts: list[str], per_prompt: int, temperature: float, max_new_tokens: int,
-              prompts_per_batch: int, seed: int, stop: Callable[[int], None] = lambda done: None) -> list[str]:
+              prompts_per_batch: int, seed: int, stop: Callable[[int], None] = lambda done: None,
+              precision: str = "same") -> list[str]:
     texts: list[str] = []
     for start in range(0, len(prompts), prompts_per_batch):
         stop(len(prompts))  # the greedy pass is done; the sampled one is not (so: all but finished)
         rollout = module.generate(prompts[start:start + prompts_per_batch], per_prompt, temperature=temperature,
-                                  max_new_tokens=max_new_tokens, seed=seed + start)
+                                  max_new_tokens=max_new_tokens, seed=seed + start, precision=precision)
         texts.extend(rollout.completion_texts)
     return texts
 

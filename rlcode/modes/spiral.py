@@ -107,7 +107,7 @@ class SPIRAL(Mode):
     def play_against_random(self, learner: LearnerView, batch, seed: int):
         """``batch``'s games (game, seed, seat per episode) against random legal moves, at ``eval_temperature``."""
         return play_against_random([self.make_game(g) for g in batch["game"]], learner.render,
-                                   learner.turn_generator(self.eval_temperature), batch, seed=seed)
+                                   learner.turn_generator(self.eval_temperature, precision="same"), batch, seed=seed)
 
     def validation_step(self, learner, batch, batch_idx):
         self._log_game_rates(learner, batch, "spiral")

@@ -68,8 +68,9 @@ class RolloutBatch:
         truncated: [N] bool, True when the row hit max_new_tokens without EOS or a stop string.
         num_generated_tokens: total of completion_mask (tokens that count for throughput).
         sampling_logps: [N, T] float32 log-probs the sampler gave the sampled tokens (0 on
-            padding, NaN where it gave none), or None. Only engines whose sampler may differ from
-            the policy (vLLM) return them, for the importance-sampling correction.
+            padding, NaN where it gave none), or None. Only samplers that may differ from the policy
+            (vLLM, a served model, the HF backend's int8 copy) return them, for the
+            importance-sampling correction.
     """
 
     prompt_ids: torch.Tensor

@@ -30,7 +30,10 @@ def frozen_generator(module, frozen):
     lora = frozen is None
     if not lora and getattr(module, "sharding_plan", None) is None:  # a sharded copy lives on its mesh's device
         frozen = frozen.to(module.device)
-    backend = HFGenerateBackend(module.policy if lora else frozen, module.tokenizer)
+    # The opponent samples at the trainer's rollout precision: an int8 copy (of the frozen weights, or of
+    # the base: built inside reference_mode) is made once, since nothing tells it the weights changed.
+    precision = getattr(module, "hparams", {}).get("rollout_precision", "same")
+    backend = HFGenerateBackend(module.policy if lora else frozen, module.tokenizer, rollout_precision=precision)
 
     def generate(prompts, seed):
         params = module.sampling_params(seed)

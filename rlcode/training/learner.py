@@ -42,6 +42,7 @@ from rlcode.models.sharding import (ShardingPlan, broadcast_from_rank_zero, is_s
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
+from rlcode.rollout.quantized_sampler import precision_refusal
 from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
@@ -79,6 +80,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         stop: list[str] | None = None,
         generation_seed: int = 0,
         rollout_backend: Literal["hf", "vllm", "openai"] = "hf",
+        rollout_precision: Literal["same", "int8"] = "same",
         vllm: VLLMSettings | None = None,
         openai: OpenAISettings | None = None,
         learning_rate: float = 1e-6,
@@ -121,6 +123,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             rollout_backend: "hf" (transformers in this process), "vllm" (colocated engine on the
                 same GPU, given the weights before a generate whenever they changed) or "openai" (a
                 model behind an OpenAI-compatible server; with ``dry_run`` no local weights load).
+            rollout_precision: "same" (sample from the policy) or "int8" (hf backend, CPU: sample from an
+                int8 copy rebuilt after every update, ``perf/sampler_refresh_s``; the loss is weighted by
+                the truncated importance ratio policy/sampler, cap 3; ``rlcode.rollout.quantized_sampler``).
             vllm: the vLLM engine's settings (``rlcode.rollout.vllm.engine.VLLMSettings``); None: defaults.
             openai: the server's settings (``rlcode.rollout.openai.client.OpenAISettings``: base URL,
                 model, api, concurrency, retries; the key only from the environment); None: defaults.
@@ -153,6 +158,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                             f"got {type(mode).__name__}")
         if quantization is not None and lora is None:  # frozen quantized weights: only adapters can train
             raise ValueError(f"model.quantization={quantization!r} needs model.lora, e.g. --model.lora '{{r: 16}}'")
+        refusal = precision_refusal(rollout_precision, rollout_backend, quantization)
+        if refusal is not None:
+            raise ValueError(refusal)
         if num_iterations < 1 or micro_batch_size < 1:
             raise ValueError("num_iterations and micro_batch_size must be >= 1")
         self.save_hyperparameters(ignore=["mode"])
@@ -202,7 +210,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai)
+                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai,
+                                     rollout_precision=hp.get("rollout_precision", "same"))
         self.mode.configure(self)  # e.g. a frozen copy of the starting policy to play against
         if self.sharding_plan is not None:  # in place, after every copy was taken from the whole policy
             shard_model(self.policy, self.sharding_plan)
@@ -261,6 +270,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         with timed(timings, "generation"):  # rows to train on; their rewards start computing
             experience = self.mode.collect(self, batch)
             extra_metrics = self.mode.step_metrics(experience)
+        refresh = getattr(self.backend, "take_refresh_seconds", lambda: None)()
+        if refresh is not None:  # the int8 sampler's rebuild, inside generation: perf/sampler_refresh_s
+            timings["sampler_refresh"] = refresh
         if stop_agreed(ranks):  # a stop signal: give the step up before its update (redone on resume)
             abandon(start, experience, self.mode, self.datamodule(), self.device)
             self.abandoned_step_rng, self.history.last_step = start.rng, None

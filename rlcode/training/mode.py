@@ -83,10 +83,13 @@ class LearnerView(Protocol):
         """Chat messages or plain text -> what the backend encodes."""
 
     def generate(self, prompts: list[str], num_generations: int, *, temperature: float,
-                 max_new_tokens: int | None = None, seed: int | None = None) -> RolloutBatch:
-        """G completions per rendered prompt, prompt-major, on the policy's device."""
+                 max_new_tokens: int | None = None, seed: int | None = None,
+                 precision: str | None = None) -> RolloutBatch:
+        """G completions per rendered prompt, prompt-major, on the policy's device (``precision``: the
+        sampler, "same" or "int8"; None: the training one)."""
 
-    def turn_generator(self, temperature: float | None = None) -> Callable[[list[str], int], RolloutBatch]:
+    def turn_generator(self, temperature: float | None = None,
+                       precision: str | None = None) -> Callable[[list[str], int], RolloutBatch]:
         """(rendered prompts, seed) -> one completion each: what ``EpisodeRunner`` calls."""
 
     def sampling_params(self, seed: int | None, temperature: float | None = None,

@@ -27,21 +27,31 @@ class PolicyRollouts:
         return render_prompt(self.tokenizer, prompt, chat=isinstance(prompt, list))
 
     def generate(self, prompts: list[str], num_generations: int, *, temperature: float | None = None,
-                 max_new_tokens: int | None = None, seed: int | None = None):
+                 max_new_tokens: int | None = None, seed: int | None = None, precision: str | None = None):
         """G completions per rendered prompt (prompt-major; ``temperature`` None: the training one); the
-        backend switches to eval mode."""
+        backend switches to eval mode. ``precision`` ("same", "int8"; None: ``rollout_precision``) picks
+        the sampler of the hf backend (an eval may sample in full precision while training uses int8)."""
         params = self.sampling_params(seed, temperature, max_new_tokens)
-        rollout = self.backend.generate(prompts, num_generations, params)
+        rollout = self.backend.generate(prompts, num_generations, params, **self._precision_argument(precision))
         # The HF backend decodes under inference_mode, and autograd refuses such tensors as inputs;
         # vLLM returns CPU tensors. The loss gets ordinary copies on the policy's device.
         return dataclasses.replace(rollout, **{name: getattr(rollout, name).to(self.device, copy=True)
                                                for name in _ROLLOUT_TENSORS})
 
-    def turn_generator(self, temperature: float | None = None):
+    def _precision_argument(self, precision: str | None) -> dict:
+        """The backend's ``precision`` keyword: only the hf backend has one; others sample as they do."""
+        if precision is None or not hasattr(self.backend, "rollout_precision"):
+            if precision == "int8":
+                raise ValueError(f"rollout_precision int8 samples with the 'hf' backend only, not "
+                                 f"{self.hparams.rollout_backend!r}: use rollout_precision same")
+            return {}
+        return {"precision": precision}
+
+    def turn_generator(self, temperature: float | None = None, precision: str | None = None):
         """(rendered prompts, seed) -> one completion each from the policy: what the episode runner calls
-        (``temperature`` None: the training one)."""
+        (``temperature`` None: the training one; ``precision`` None: the training sampler)."""
         temperature = self.hparams.temperature if temperature is None else temperature
-        return lambda prompts, seed: self.generate(prompts, 1, temperature=temperature, seed=seed)
+        return lambda prompts, seed: self.generate(prompts, 1, temperature=temperature, seed=seed, precision=precision)
 
     def model_description(self) -> str:
         """What samples the rollouts, for the run's banner: the model name, or the served model and its server."""
@@ -63,6 +73,7 @@ class PolicyRollouts:
         self.backend = OpenAIBackend(settings, self.tokenizer)
 
     def _weights_changed(self) -> None:
-        # vLLM holds its own copy of the weights: it takes the policy's again before its next generate.
+        # vLLM, and the hf backend's int8 sampler, hold their own copy of the weights: it is made again
+        # from the policy's before the next generate.
         if callable(getattr(self.backend, "weights_changed", None)):
             self.backend.weights_changed()

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from rlcode.algorithms.importance_correction import corrected_advantages, truncated_importance_weights, weight_metrics
+from rlcode.algorithms.importance_correction import (corrected_advantages, log_ratios, truncated_importance_weights,
+                                                     weight_metrics)
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
 from rlcode.models.sharding import gathered_for_update, is_sharded
@@ -45,7 +46,7 @@ class UpdateSettings:
     temperature: float
     max_completion_length: int
     importance_sampling_cap: float | None = None
-    """A sampler that is not the policy (vLLM): TRL's cap of the truncated importance weights."""
+    """A sampler that is not the policy (vLLM, the int8 copy): TRL's cap of the truncated importance weights."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     cap = hp.importance_sampling_cap
     weights = torch.ones_like(loss_mask, dtype=torch.float32) \
         if rollout.sampling_logps is not None and cap is not None else None
+    ratios = torch.zeros_like(weights) if weights is not None else None  # log ratios, for the metrics
     parts_sum: dict[str, Any] = {}
     sharded = is_sharded(policy)
     for iteration in range(hp.num_iterations):
@@ -100,6 +102,7 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
                 if iteration == 0 and old_logps is not None:
                     old_logps[index] = logps.detach()
                 if iteration == 0 and weights is not None:
+                    ratios[index] = log_ratios(logps, rollout.sampling_logps[index], loss_mask[index])
                     weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
                                                                   loss_mask[index], cap)
                 row_advantages = advantages[index] if weights is None else \
@@ -127,7 +130,7 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     parts = {key: float(value) / (passes if key in ("loss", "policy_loss") else passes * len(micro_batches))
              for key, value in parts_sum.items()}
     if weights is not None:
-        parts.update(weight_metrics(weights[rows], loss_mask[rows], cap))
+        parts.update(weight_metrics(weights[rows], loss_mask[rows], cap, ratios[rows]))
     return parts
 
 
