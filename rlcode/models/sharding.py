@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlcode.errors import SettingError
+
 AS_FORWARD = "rlcode_as_forward"  # the root's method that FSDP treats as a forward
 
 
@@ -65,6 +67,19 @@ def precision_policy(precision: str) -> tuple[torch.dtype | None, torch.dtype | 
     if text.startswith("bf16-mixed"):
         return torch.bfloat16, torch.float32
     return None, None
+
+
+def sharding_plan(mesh, precision: str, quantization: str | None = None) -> ShardingPlan | None:
+    """The plan for a strategy's device mesh (None without one: nothing is sharded), its data-parallel
+    dimension when the mesh has named ones; the dtypes from ``precision`` (``precision_policy``)."""
+    if mesh is None:
+        return None
+    if quantization is not None:  # bitsandbytes' packed weights are not sharded by FSDP2
+        raise SettingError(f"model.quantization={quantization!r} cannot be sharded: use --trainer.strategy ddp "
+                           "with QLoRA (its frozen 4-bit base is small), or drop the quantization")
+    param_dtype, reduce_dtype = precision_policy(precision)
+    data_parallel = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+    return ShardingPlan(data_parallel, param_dtype, reduce_dtype)
 
 
 def is_sharded(model: nn.Module) -> bool:

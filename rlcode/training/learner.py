@@ -33,12 +33,10 @@ import lightning as L
 import torch
 
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
-from rlcode.errors import SettingError
 from rlcode.logprobs.sequence_logps import batched_completion_logps
 from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer, reference_mode
 from rlcode.models.adapters import LoraSettings, Quantization
-from rlcode.models.sharding import (ShardingPlan, broadcast_from_rank_zero, is_sharded, precision_policy, reshard,
-                                    shard_model)
+from rlcode.models.sharding import ShardingPlan, broadcast_from_rank_zero, is_sharded, reshard, shard_model, sharding_plan
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
@@ -189,7 +187,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             self._configure_served_dry_run()
             self.mode.configure(self)
             return
-        self.sharding_plan = self._sharding_plan()  # before any copy: frozen copies are sharded alike
+        # FSDP's plan (a device mesh from FSDP2Strategy), before any copy: frozen copies are sharded alike
+        self.sharding_plan = sharding_plan(self._device_mesh, self._training_precision(), hp.quantization)
         if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
             self.tokenizer = load_tokenizer(hp.model_name)
             lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
@@ -217,18 +216,6 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             shard_model(self.policy, self.sharding_plan)
             if self._reference is not None:
                 shard_model(self._reference, self.sharding_plan)
-
-    def _sharding_plan(self) -> ShardingPlan | None:
-        """FSDP's plan when the strategy built a device mesh (``FSDP2Strategy``), else None."""
-        mesh = self._device_mesh
-        if mesh is None:
-            return None
-        if self.hparams.quantization is not None:  # bitsandbytes' packed weights are not sharded by FSDP2
-            raise SettingError(f"model.quantization={self.hparams.quantization!r} cannot be sharded: use "
-                               "--trainer.strategy ddp with QLoRA (its frozen 4-bit base is small), or drop the quantization")
-        names = mesh.mesh_dim_names or ()
-        param_dtype, reduce_dtype = precision_policy(self._training_precision())
-        return ShardingPlan(mesh["data_parallel"] if "data_parallel" in names else mesh, param_dtype, reduce_dtype)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)  # ExactResume: the mode's state now, RNG at the first step
