@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_resume_exact import STEPS, _kill_after_checkpoint, arguments, logged_rewards  # STEPS: arguments()'s
+from test_resume_exact import STEPS, _interrupt_at, _kill_after_checkpoint, arguments, logged_rewards  # STEPS: arguments()'s
 
 pytestmark = pytest.mark.slow  # each run starts 2 ranks (20-40 s)
 
@@ -34,19 +33,11 @@ PROMPT = "def add(a, b):"
 
 def _stop_every_rank(how: str, step: int) -> None:
     """Every rank runs this script, so each applies the stop to itself: a SIGKILL once step ``step``'s
-    checkpoint is on disk (test_resume_exact's), or SIGUSR1 as that step ends."""
-    from rlcode.callbacks.shutdown import GracefulShutdown
-
+    checkpoint is on disk, or SIGUSR1 as that step ends (test_resume_exact's patches)."""
     if how == "kill":
         _kill_after_checkpoint(step)
-        return
-    original = GracefulShutdown.on_train_batch_end
-
-    def at_step_end(self, trainer, *args):
-        if trainer.global_step == step:
-            signal.raise_signal(signal.SIGUSR1)
-        original(self, trainer, *args)
-    GracefulShutdown.on_train_batch_end = at_step_end
+    else:
+        _interrupt_at(step, "SIGUSR1")
 
 
 def _record_greedy_tokens(root: Path) -> None:

@@ -58,8 +58,9 @@ def _kill_after_checkpoint(kill_at: int) -> None:
     StepCheckpoint.on_train_batch_end = on_train_batch_end
 
 
-def _interrupt_at(step: int) -> None:
-    """Ctrl-C (a real SIGINT to this process) as step ``step`` ends, before the graceful stop looks."""
+def _interrupt_at(step: int, signal_name: str = "SIGINT") -> None:
+    """Ctrl-C (a real SIGINT to this process; or another signal) as step ``step`` ends, before the
+    graceful stop looks."""
     import signal
 
     from rlcode.callbacks.shutdown import GracefulShutdown
@@ -68,7 +69,7 @@ def _interrupt_at(step: int) -> None:
 
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == step:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(getattr(signal, signal_name))
         original(self, trainer, *args)
 
     GracefulShutdown.on_train_batch_end = on_train_batch_end

@@ -14,16 +14,9 @@ from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.training.dynamic_sampling import DynamicSampling, with_signal
 from rlcode.training.experience import CompletionGroups
 from rlcode.training.step_record import StepRecord
+from test_dynamic_sampling import _Known  # rewards already computed, as a future holds them
 
 G = 2
-
-
-class _Known:
-    def __init__(self, outcome):
-        self.outcome = outcome
-
-    def result(self):
-        return self.outcome
 
 
 def _groups(tag: str, passed: list[bool], tokens: int) -> CompletionGroups:
