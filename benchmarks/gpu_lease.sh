@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-.device-wheels}
-SITE=${SITE:-/tmp/rlcode-device-site}
+SITE=${SITE:-$(mktemp -d -t rlcode-device-site.XXXXXX)}
 ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS: run \`make device-wheels\` here and carry .device-wheels" >&2; exit 2; }
 started=$(date +%s)
 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
