@@ -264,8 +264,10 @@ def _run_seeds(args, fit_args: list[str], record: dict, path: Path, scored, huma
     """Each seed's fit and scoring, the record rewritten before the first and after every seed, and
     marked finished, failed or stopped at the end, whatever the numbers show."""
     record.update(status="running", load_avg_1m_start=os.getloadavg()[0], minutes={}, failed={})
+    baseline = getattr(args, "baseline", None)  # a start eval scored before (same settings): no start eval
+    if baseline is not None:
+        record["baseline"] = str(baseline)
     _write(path, record)
-    baseline = None
     try:
         prepare()
         for seed in args.seeds:
@@ -319,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="where records are read and written")
     parser.add_argument("--samples", type=int, default=8, help="select: completions per problem for pass@1")
     parser.add_argument("--temperature", type=float, default=0.8, help="select: their temperature")
+    parser.add_argument("--baseline", type=Path, help="select: the base model's verdicts on the selection split, "
+                        "scored before with the same eval settings (rlcode validate): every seed reuses them")
     parser.add_argument("--no-humaneval", dest="humaneval", action="store_false", help="confirm: skip HumanEval")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: more rlcode fit arguments (hashed)

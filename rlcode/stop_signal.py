@@ -1,7 +1,8 @@
 """Whether a stop signal has reached this process: asked by the loops that can give up early, below
-the callbacks that own the signals (the HF decode loop, a training step between its collection and
-its update). ``callbacks/shutdown.py`` registers the source while it holds the handlers. Nothing here
-decides across ranks: a caller that must agree with the other ranks does so itself."""
+the callbacks that own the signals (the HF decode loop; a training step after its collection and
+before each micro-batch of its first update pass). ``callbacks/shutdown.py`` registers the source
+while it holds the handlers. Nothing here decides across ranks: a caller that must agree with the
+other ranks does so itself."""
 
 from __future__ import annotations
 

@@ -38,28 +38,38 @@ def count_gradient_syncs(state, bucket):
 _SYNC_ROUNDS = [0]
 
 
-def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: bool = False) -> None:
+def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = None) -> None:
     """Body of each rank: fit with recording patches, then write rank<N>.json.
 
-    ``signal_rank_zero``: rank zero alone gets a stop request (as from SIGTERM) during its first step.
+    ``signal_rank_zero``: rank zero alone gets a stop request (as from SIGTERM) as its second step
+    starts (``"signal"``) or in the first micro-batch of that step's update (``"update-signal"``).
     """
     import torch
 
+    from rlcode.callbacks import stop_request
     from rlcode.cli import main
+    from rlcode.training import policy_update
     from rlcode.training.learner import Learner
 
-    seen: dict = {"task_ids": [], "mean_rewards": [], "global_mean_rewards": [], "backwards": 0}
+    seen: dict = {"task_ids": [], "mean_rewards": [], "global_mean_rewards": [], "backwards": 0, "batch_idx": None}
     original_step, original_backward = Learner.training_step, Learner.manual_backward
+    original_logps = policy_update.completion_logps
 
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
-        if signal_rank_zero and self.trainer.global_rank == 0 and batch_idx == 1:
-            from rlcode.callbacks import GracefulShutdown
-
-            next(c for c in self.trainer.callbacks if isinstance(c, GracefulShutdown)).requested = "SIGTERM"
+        seen["batch_idx"] = batch_idx
+        if signal_rank_zero == "signal" and self.trainer.global_rank == 0 and batch_idx == 1:
+            stop_request._active.requested = "SIGTERM"
         original_step(self, batch, batch_idx)
         seen["mean_rewards"].append(self.last_step.mean_reward)
         seen["global_mean_rewards"].append(self.last_step.reward_metrics.get("avg_batch_reward_all_ranks"))
+
+    def update_logps(*args, **kwargs):
+        if signal_rank_zero == "update-signal" and os.environ.get("LOCAL_RANK", "0") == "0" and seen["batch_idx"] == 1:
+            stop_request._active.requested = "SIGTERM"
+        return original_logps(*args, **kwargs)
+
+    policy_update.completion_logps = update_logps
 
     def manual_backward(self, loss, *args, **kwargs):
         seen["backwards"] += 1
@@ -167,6 +177,18 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     checkpoint = torch.load(saved[0], map_location="cpu", weights_only=False)
     assert len(checkpoint["rlcode_resume"]["rng_by_rank"]) == 2, "each rank's RNG states, for an exact resume"
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+def test_a_signal_to_one_rank_during_the_update_stops_every_rank_before_the_optimizer_step(tmp_path):
+    """Rank zero is signalled in the first micro-batch of step 1's update. The ranks agree before each
+    micro-batch (as many times on each: the least count over ranks), so both leave at the second one:
+    step 1 is given up with only gradients changed, which are cleared, and no all-reduce ran for it."""
+    ranks = _run_two_ranks(tmp_path, "length_reward", "update-signal", timeout=150)
+    assert [r["global_step"] for r in ranks] == [1, 1], "both ranks give the signalled step up"
+    assert [r["backwards"] for r in ranks] == [MICRO_BATCHES_PER_STEP + 1] * 2, "one micro-batch of step 1 each"
+    assert all(r["sync_rounds"] == 1 for r in ranks), "step 1's gradients were never all-reduced"
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    assert list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt")), "the stop saved last.ckpt"
 
 
 def test_a_signal_to_one_rank_during_the_start_eval_stops_every_rank_between_batches(tmp_path):
@@ -303,4 +325,4 @@ if __name__ == "__main__":
     if sys.argv[2] == "equivalence":
         _run_equivalence(Path(sys.argv[1]), int(sys.argv[3]))
         sys.exit(0)
-    _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=sys.argv[3:] == ["signal"])
+    _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=next(iter(sys.argv[3:]), None))

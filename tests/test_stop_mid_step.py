@@ -1,12 +1,14 @@
-"""A stop signal during a step's generation: the decode loop ends at the next token, the step is given
-up before its update (``rlcode.training.step_abandon``), ``last.ckpt`` holds the state the step found,
+"""A stop signal during a step's generation or its update's first pass: the decode loop ends at the
+next token, or the update at the next micro-batch, the step is given up before its first optimizer step
+(``rlcode.training.step_abandon``), ``last.ckpt`` holds the state the step found,
 and the resumed run redoes the step and ends with the weights and logged rewards of a run never
 stopped, bit for bit (full fine-tune and LoRA). The reward draws from python's, numpy's and torch's
 generators (``test_resume_exact.noisy_length_reward``), so putting back any state the abandoned step
 touched wrongly shows up as other rewards.
 
-Run as ``python tests/test_stop_mid_step.py ROOT STOP [args]``, STOP ``0`` or ``sigterm@K`` (SIGTERM
-at the first decode step of step K's generation).
+Run as ``python tests/test_stop_mid_step.py ROOT STOP [args]``, STOP ``0``, ``sigterm@K`` (SIGTERM
+at the first decode step of step K's generation) or ``sigterm-update@K`` (SIGTERM in the first
+micro-batch of step K's update).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from test_resume_exact import LORA, STEPS, arguments, logged_rewards, weights
 
-pytestmark = pytest.mark.slow  # three tiny fits (10-20 s each)
+pytestmark = pytest.mark.slow  # three tiny fits per case (10-20 s each)
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_AT = 2
@@ -53,6 +55,32 @@ def _sigterm_during_generation(root: Path, step: int) -> None:
     HFGenerateBackend.generate, HFGenerateBackend._decode_step = counted_generate, decode_step_sending
 
 
+def _sigterm_during_update(root: Path, step: int) -> None:
+    """SIGTERM in the first micro-batch's forward of the ``step``-th update (one per step: the noisy
+    reward gives every group signal); count the micro-batches that still run after it."""
+    from rlcode.training import policy_update
+
+    calls, counts = {"update": 0}, {"micro_batches_after_signal": None}
+    update, logps = policy_update.update_policy, policy_update.completion_logps
+
+    def counted_update(*args, **kwargs):
+        calls["update"] += 1
+        return update(*args, **kwargs)
+
+    def logps_sending(*args, **kwargs):
+        if counts["micro_batches_after_signal"] is not None:
+            counts["micro_batches_after_signal"] += 1
+        elif calls["update"] == step + 1:
+            counts["micro_batches_after_signal"] = 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        (root / "update.json").write_text(json.dumps(counts))
+        return logps(*args, **kwargs)
+
+    policy_update.completion_logps = logps_sending
+    import rlcode.training.learner as learner
+    learner.update_policy = counted_update
+
+
 def _task_ids(run_dir: Path) -> dict[int, list]:
     rows = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     return {step: sorted(str(row["task_id"]) for row in rows if row["step"] == step) for step in range(STEPS)}
@@ -64,19 +92,26 @@ def run(root: Path, *extra: str, stop: str = "0") -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("adapter", ["full", "lora"])
-def test_sigterm_during_generation_gives_the_step_up_and_the_resume_is_exact(tmp_path, adapter):
+MICRO_BATCHES = ["--model.micro_batch_size", "2"]  # 4 micro-batches of the 8 rows: the update can stop between them
+
+
+@pytest.mark.parametrize("adapter, phase", [("full", "generation"), ("lora", "generation"),
+                                            ("full", "update"), ("lora", "update")])
+def test_sigterm_mid_step_gives_the_step_up_and_the_resume_is_exact(tmp_path, adapter, phase):
     from rlcode.run_dir import checkpoint_metadata
 
-    extra = LORA if adapter == "lora" else []
+    extra = [*(LORA if adapter == "lora" else []), *(MICRO_BATCHES if phase == "update" else [])]
     straight = run(tmp_path / "straight", *extra)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
-    stopped = run(tmp_path / "resumed", *extra, stop=f"sigterm@{STOP_AT}")
+    stop = f"sigterm@{STOP_AT}" if phase == "generation" else f"sigterm-update@{STOP_AT}"
+    stopped = run(tmp_path / "resumed", *extra, stop=stop)
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     run_dir = tmp_path / "resumed/tiny/version_0"
-    # No decode step ran after the signal's own: the loop ended its rows at the next token.
-    assert json.loads((tmp_path / "resumed/decode.json").read_text())["decode_steps_after_signal"] == 0
+    if phase == "generation":  # no decode step ran after the signal's own: the loop ended at the next token
+        assert json.loads((tmp_path / "resumed/decode.json").read_text())["decode_steps_after_signal"] == 0
+    else:  # no micro-batch after the signal's own: the update stopped before the next one
+        assert json.loads((tmp_path / "resumed/update.json").read_text())["micro_batches_after_signal"] == 0
     assert sorted(logged_rewards(run_dir)) == list(range(STOP_AT)), "step 2 left no trace"
     assert checkpoint_metadata(run_dir / "checkpoints/last.ckpt")["global_step"] == STOP_AT
     assert f"stopped by SIGTERM at step {STOP_AT} of {STEPS}" in stopped.stdout, stopped.stdout[-2000:]
@@ -96,6 +131,8 @@ if __name__ == "__main__":
     root.mkdir(parents=True, exist_ok=True)
     if stop.startswith("sigterm@"):
         _sigterm_during_generation(root, int(stop.removeprefix("sigterm@")))
+    elif stop.startswith("sigterm-update@"):
+        _sigterm_during_update(root, int(stop.removeprefix("sigterm-update@")))
     from rlcode.cli import main
 
     main(arguments(root, *sys.argv[3:]))

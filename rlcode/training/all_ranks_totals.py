@@ -55,6 +55,14 @@ class Ranks:
             return decision
         return bool(self.sum(torch.tensor(int(decision), device=self.device)) > 0)
 
+    def least(self, count: int) -> int:
+        """The smallest of ``count`` over the ranks."""
+        if self.world_size == 1:
+            return count
+        least = torch.tensor(count, device=self.device)
+        torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
+        return int(least)
+
     def std(self, values: Tensor) -> float:
         """Bessel std of every rank's ``values`` (NaN left out), from float64 sums (NaN when < 2)."""
         scored = values[~values.isnan()].double()

@@ -49,7 +49,7 @@ from rlcode.training.gradient_sync import clip_grad_norm, no_gradient_sync
 from rlcode.training.mode import Mode
 from rlcode.training.optimizer_steps import count_step_without_update, update
 from rlcode.training.policy_rollouts import PolicyRollouts
-from rlcode.training.policy_update import TrainerHooks, UpdateSettings, update_policy
+from rlcode.training.policy_update import TrainerHooks, UpdateAbandoned, UpdateSettings, update_policy
 from rlcode.training.resume_state import ExactResume
 from rlcode.training.run_context import RunContext
 from rlcode.training.run_history import RunDescription, RunHistory
@@ -261,9 +261,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         if refresh is not None:  # the int8 sampler's rebuild, inside generation: perf/sampler_refresh_s
             timings["sampler_refresh"] = refresh
         if stop_agreed(ranks):  # a stop signal: give the step up before its update (redone on resume)
-            abandon(start, experience, self.mode, self.datamodule(), self.device)
-            self.abandoned_step_rng, self.history.last_step = start.rng, None
-            return
+            return self._abandon(start, experience)
         rollout = experience.rollout
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
             wants_reference = hp.beta != 0.0 and not hp.dry_run and rollout.completion_ids.size(0) > 0
@@ -281,7 +279,11 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         update = not hp.dry_run and totals.loss.tokens > 0 and ranks.any(len(rows) > 0)
 
         with timed(timings, "update"):
-            loss_parts = self._update(rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
+            try:
+                loss_parts = self._update(rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
+            except UpdateAbandoned:  # a stop before the first optimizer step: the weights are as they were
+                self.optimizers().zero_grad(set_to_none=True)
+                return self._abandon(start, experience)
         if not update:
             count_step_without_update(self.optimizers())
 
@@ -290,6 +292,10 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                                            totals=totals, frac_zero_std=float(frac_flat), timings=timings,
                                            extra_metrics=extra_metrics)
         self.history.add_step(self.last_step, grad_norm=self.last_grad_norm)
+
+    def _abandon(self, start, experience) -> None:
+        abandon(start, experience, self.mode, self.datamodule(), self.device)
+        self.abandoned_step_rng, self.history.last_step = start.rng, None
 
     def _rows_to_train(self, advantages):
         """Indices of the rows that go through the backward pass.
@@ -304,7 +310,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         return torch.arange(advantages.numel(), device=advantages.device)
 
     def _update(self, rollout: RolloutBatch, loss_mask, advantages, ref_logps, rows, totals) -> dict[str, float]:
-        hp, optimizer = self.hparams, self.optimizers()
+        hp, optimizer, ranks = self.hparams, self.optimizers(), self.ranks()
         settings = UpdateSettings(
             loss_type=hp.loss_type, beta=hp.beta, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
             importance_sampling_level=hp.importance_sampling_level, num_iterations=hp.num_iterations,
@@ -313,7 +319,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             importance_sampling_cap=getattr(self.backend, "importance_sampling_cap", None))
         hooks = TrainerHooks(backward=self.manual_backward, no_sync=lambda: no_gradient_sync(self.trainer.strategy),
                              step=lambda counted: update(optimizer, counted=counted),
-                             world_size=self.trainer.world_size)
+                             world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),
+                             least_over_ranks=ranks.least)
         parts = update_policy(self.policy, hooks, settings, rollout, loss_mask, advantages, ref_logps, rows, totals)
         self._weights_changed()
         return parts

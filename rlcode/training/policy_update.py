@@ -60,6 +60,17 @@ class TrainerHooks:
     step: Callable[[bool], None]
     """One optimizer update, then zero the gradients; True: count it as the step (``optimizer_steps.update``)."""
     world_size: int
+    give_up: Callable[[], bool] = lambda: False
+    """Whether the ranks agreed to stop (``step_abandon.stop_agreed``): a collective, so it is asked at
+    the same points on every rank."""
+    least_over_ranks: Callable[[int], int] = lambda count: count
+    """The smallest of a count over the ranks (a collective): how many of its micro-batches each rank
+    may ask ``give_up`` before, so that every rank asks it equally often."""
+
+
+class UpdateAbandoned(Exception):
+    """A stop signal was agreed before the update's first optimizer step: nothing has changed but the
+    gradients (which the caller clears), so the step can be given up and redone on resume."""
 
 
 def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout: RolloutBatch, loss_mask,
@@ -93,9 +104,14 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     ratios = torch.zeros_like(weights) if weights is not None else None  # log ratios, for the metrics
     parts_sum: dict[str, Any] = {}
     sharded = is_sharded(policy)
+    # Stop points: before each micro-batch of the first pass, while no optimizer step has changed the
+    # weights. Sharded, only before the first: FSDP keeps unsynced gradients where zero_grad cannot clear them.
+    stop_points = 1 if sharded else hooks.least_over_ranks(len(micro_batches))
     for iteration in range(hp.num_iterations):
         with gathered_for_update(policy):  # sharded: gathered once, gradient sync off; else nothing
             for position, index in enumerate(micro_batches):
+                if iteration == 0 and position < stop_points and hooks.give_up():
+                    raise UpdateAbandoned
                 logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                          rollout.completion_ids[index], rollout.completion_mask[index],
                                          hp.temperature, share_prefix=hp.share_prefix)

@@ -1,4 +1,5 @@
-"""A training step given up before its update, when a stop signal arrives while it collects rollouts.
+"""A training step given up before its update changes the weights, when a stop signal arrives while it
+collects rollouts, waits for rewards or runs the update's first pass.
 
 Generation is most of a step on CPU (minutes with long completions) and SLURM kills 30 s after its
 SIGTERM, so a step does not finish its collection once a stop is asked: the HF decode loop ends its
@@ -7,8 +8,11 @@ per step, at the same point on every rank), and the step leaves no trace. What i
 as the step found it: the mode's state, the data's (the stream position, a curriculum's estimates)
 and, for the checkpoint, the random generators. The resumed run redoes the step on the same batch
 with the same sampling seeds (a function of the seed, the step and the rank) and ends as a run never
-stopped would. Once the update has begun the step finishes: weights and optimizer moments would have
-to be copied to be put back.
+stopped would. The update asks again before each micro-batch of its first pass
+(``policy_update.UpdateAbandoned``): until the first optimizer step only gradients have changed, and
+they are cleared. After it the step finishes (with ``num_iterations > 1``, its remaining passes): the
+weights and optimizer moments would have to be copied to be put back. Under FSDP the update asks only
+before its first micro-batch (unsynced sharded gradients are out of the optimizer's reach).
 """
 
 from __future__ import annotations
