@@ -84,7 +84,8 @@ class ScriptedLearner:
         return generate
 
     def sampling_params(self, seed, temperature=None, max_new_tokens=None):
-        return SamplingParams(max_new_tokens=max_new_tokens or self.max_new_tokens)
+        return SamplingParams(temperature=1.0 if temperature is None else temperature,
+                              max_new_tokens=max_new_tokens or self.max_new_tokens)
 
     def sampling_seed(self):
         return 0

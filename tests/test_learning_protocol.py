@@ -135,3 +135,30 @@ def test_the_hash_is_of_rlcode_fits_resolved_config():
     assert "eval_split: test" in text and protocol.print_config(RECIPE, []) == text
     longer = protocol.print_config(RECIPE, ["--trainer.max_steps", "61"])
     assert protocol.config_hash(longer) != protocol.config_hash(text)
+
+
+def test_selection_with_a_baseline_scored_before_runs_no_start_eval(results, tmp_path, monkeypatch):
+    """``select --baseline FILE``: recipes run side by side share one base-model eval; every seed's fit
+    skips its start eval and is compared with that file, whose path the record keeps."""
+    baseline = tmp_path / "base/eval/validate_step_0.json"
+    baseline.parent.mkdir(parents=True)
+    problems = [{"task_id": t, "passed": False, "samples": 4, "samples_passed": 0} for t in (*range(1, 11), *range(511, 601))]
+    baseline.write_text(json.dumps({"generation": {"num_samples": 4}, "problems": problems}))
+    calls = []
+
+    def fit(configs, seed, run, threads, at_start, extra):
+        calls.append(at_start)
+        after = run / "runs/x/version_0/eval/step_5.json"
+        after.parent.mkdir(parents=True)
+        after.write_text(json.dumps({"generation": {"num_samples": 4},
+                                     "problems": [{**p, "samples_passed": 2} for p in problems]}))
+        return 1.0, 0
+
+    monkeypatch.setattr(protocol.measure, "fit", fit)
+    protocol.main(["select", "--config", *map(str, RECIPE), "--seeds", "30", "31", "--baseline", str(baseline),
+                   "--results", str(results), "--root", str(tmp_path / "runs")])
+    (written,) = results.glob("selection_*.json")
+    record = json.loads(written.read_text())
+    assert calls == [False, False], "no seed ran a start eval"
+    assert record["baseline"] == str(baseline) and [row["sampled_pass_at_1_before"] for row in record["rows"]] == [0, 0]
+    assert all(row["sampled_pass_at_1_after"] == 0.5 for row in record["rows"])

