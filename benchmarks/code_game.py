@@ -59,26 +59,28 @@ MAX_NEW_TOKENS = 128  # configs/code_game.yaml's: the predictor's budget in the 
 STOP = ["\n```\n"]
 
 
-def checked(programs: list[str], tokenizer, timeout: float = 5.0, workers: int = 2) -> list:
+def checked(programs: list[str], tokenizer, timeout: float = 5.0, workers: int = 2,
+            budget: int = MAX_NEW_TOKENS) -> list:
     """``ProgramCheck`` of each program under the game's rule (the predictor's tokenizer and budget)."""
     with SandboxPool(workers=workers, timeout=2 * timeout + 5) as pool:
-        waits = [start_check(p, timeout, pool=pool, tokenizer=tokenizer, max_output_tokens=MAX_NEW_TOKENS)
+        waits = [start_check(p, timeout, pool=pool, tokenizer=tokenizer, max_output_tokens=budget)
                  for p in programs]
         return [wait() for wait in waits]
 
 
-def heldout_cases(tokenizer, tasks: int, asserts: int) -> list[dict]:
+def heldout_cases(tokenizer, tasks: int, asserts: int, budget: int = MAX_NEW_TOKENS) -> list[dict]:
     """The valid held-out cases: the first ``asserts`` asserts of the first ``tasks`` MBPP test tasks."""
     cases = [c for c in prediction_cases(load_mbpp(split="test")[:tasks]) if c.assert_index < asserts]
-    checks = checked([c.program for c in cases], tokenizer)
+    checks = checked([c.program for c in cases], tokenizer, budget=budget)
     return [{"task_id": c.task_id, "assert_index": c.assert_index, "program": c.program, "expected": check.output}
             for c, check in zip(cases, checks) if check.valid]
 
 
-def predictions_right(model, tokenizer, programs: list[str], expected: list[str], batch: int = 16) -> list[bool]:
+def predictions_right(model, tokenizer, programs: list[str], expected: list[str], batch: int = 16,
+                      budget: int = MAX_NEW_TOKENS) -> list[bool]:
     """Greedy predictions with the game's predictor prompt, compared as the game compares them."""
     backend = HFGenerateBackend(model, tokenizer)
-    params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, stop=STOP)
+    params = SamplingParams(temperature=0.0, max_new_tokens=budget, stop=STOP)
     right = []
     for start in range(0, len(programs), batch):
         prompts = [render_prompt(tokenizer, [{"role": "user", "content": PREDICTOR_PROMPT.format(program=p.strip())}],

@@ -12,6 +12,7 @@ import pytest
 from rlcode.errors import SettingError
 from rlcode.models.loading import load_tokenizer
 from rlcode.modes import CodeGame
+from rlcode.training.turn_samples import episode_json
 from test_code_game_predictions import ScriptedLearner, pool  # noqa: F401  (the module's sandbox fixture)
 from test_openai_backend import MODELS, ok, stub_server  # noqa: F401  (the stand-in server fixture)
 
@@ -50,6 +51,9 @@ def test_another_local_model_predicts_k_times_with_its_own_tokenizer_and_budget(
     assert sorted(turn.text for turns in predictions for turn in turns) == answered, "the other model's answers"
     assert all(isinstance(turn.info["correct"], bool) for turns in predictions for turn in turns), "parsed alike"
     assert mode._max_output_tokens(learner) == 8, "the budget is the predictor's max_new_tokens, not the policy's 64"
+    logged = episode_json(experience.episodes[0])["turns"]  # what rollouts.jsonl keeps of a game
+    assert logged[0]["role"] == "writer" and logged[0]["valid"] and logged[0]["output"] == "42"
+    assert [turn["expected"] for turn in logged[1:]] == ["42", "42"] and all("correct" in t for t in logged[1:])
     assert all(env_tokenizer is tokenizer for env_tokenizer in _env_tokenizers(mode, learner))
 
 

@@ -81,9 +81,13 @@ def episode_json(episode: Episode) -> dict:
 
 
 def _turn_outcome(info: dict) -> dict:
-    """A game turn's parsed move, or a coding attempt's verdict and the feedback it got."""
+    """A game turn's parsed move, a code-game turn's verdict (the writer's program valid or not and its
+    output, a prediction right or not), or a coding attempt's verdict and the feedback it got."""
     if "move" in info:
         return {"move": info.get("move"), "valid": info.get("valid"), "reason": info.get("reason", "")}
+    if info.get("role") in ("writer", "predictor"):
+        keys = ("role", "valid", "reason", "output", "correct", "expected")
+        return {key: info[key] for key in keys if key in info}
     return {key: info[key] for key in ("attempt", "verdict", "feedback", "success") if key in info}
 
 
