@@ -16,6 +16,7 @@ writer learn programs that are hard for another model while keeping them valid?
    predictor's answers (``--samples``), for the README.
 
     .venv/bin/python benchmarks/code_game_vs_model.py skill [--tasks 100] [--json out.json]
+    .venv/bin/python benchmarks/code_game_vs_model.py writer-validity [--themes 8] [--per-theme 4]
     .venv/bin/python benchmarks/code_game_vs_model.py runs [--seeds 0 1 2] [--rewards learnability zero_sum]
         [--root DIR] [-- rlcode fit arguments]       # one run after another, 2 threads each
     .venv/bin/python benchmarks/code_game_vs_model.py summarize ROOT [--json out.json] [--samples]
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +43,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import code_game as game_bench  # noqa: E402  (the held-out cases and greedy predictions)
 
+from rlcode.data.mbpp import load_mbpp  # noqa: E402
+from rlcode.envs.code_game import WRITER_PROMPT  # noqa: E402
 from rlcode.models import load_model, load_tokenizer  # noqa: E402
+from rlcode.rewards.extraction import extract_code  # noqa: E402
+from rlcode.rollout.base import SamplingParams  # noqa: E402
+from rlcode.rollout.hf_backend import HFGenerateBackend  # noqa: E402
+from rlcode.rollout.rendering import render_prompt  # noqa: E402
 
 CONFIG = REPO / "configs" / "code_game_vs_model.yaml"
 PREDICTOR = "qwen2.5-coder-0.5b-instruct"  # the recipe's opponent_model
@@ -62,6 +70,21 @@ def skill(tasks: int, asserts: int = 1) -> dict:
             "cases": len(cases), "right": sum(right), "accuracy": sum(right) / max(len(cases), 1),
             "verdicts": {f"{c['task_id']}/{c['assert_index']}": r for c, r in zip(cases, right)},
             "minutes": round((time.perf_counter() - started) / 60, 1), "load_avg_1m": os.getloadavg()[0]}
+
+
+def writer_validity(themes: int, per_theme: int, seed: int = 0) -> dict:
+    """The starting writer's valid share: ``per_theme`` programs on each of the first ``themes`` MBPP
+    train tasks (the themes training draws from), sampled as the recipe samples (T 0.8, 128 tokens),
+    checked by the game's rule with the predictor's tokenizer and budget; the reasons counted."""
+    tokenizer = load_tokenizer(game_bench.MODEL)
+    prompts = [render_prompt(tokenizer, [{"role": "user", "content": WRITER_PROMPT.format(theme=task.text.strip())}],
+                             chat=True) for task in load_mbpp(split="train")[:themes]]
+    params = SamplingParams(temperature=0.8, max_new_tokens=128, stop=game_bench.STOP, seed=seed)
+    texts = HFGenerateBackend(load_model(game_bench.MODEL).eval(), tokenizer).generate(prompts, per_theme, params)
+    checks = game_bench.checked([extract_code(t) for t in texts.completion_texts], load_tokenizer(PREDICTOR),
+                                budget=BUDGET)
+    reasons = Counter(check.reason.split(" (")[0].split(":")[0] for check in checks if not check.valid)
+    return {"programs": len(checks), "valid": sum(check.valid for check in checks), "reasons": dict(reasons.most_common())}
 
 
 # ---- one run's curves and trend ----------------------------------------------------------------------
@@ -178,9 +201,11 @@ def fit(reward: str, seed: int, root: Path, extra: list[str]) -> tuple[Path, flo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("skill", "runs", "summarize"))
+    parser.add_argument("command", choices=("skill", "writer-validity", "runs", "summarize"))
     parser.add_argument("root", nargs="?", type=Path, help="summarize: a finished root")
     parser.add_argument("--tasks", type=int, default=100, help="skill: MBPP test tasks (first assert of each)")
+    parser.add_argument("--themes", type=int, default=8, help="writer-validity: MBPP train tasks as themes")
+    parser.add_argument("--per-theme", type=int, default=4, help="writer-validity: programs per theme")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rewards", nargs="+", default=["learnability", "zero_sum"])
     parser.add_argument("--samples", action="store_true", help="summarize: print the sample programs too")
@@ -188,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]
-    if args.command == "skill":
+    if args.command == "writer-validity":
+        report = writer_validity(args.themes, args.per_theme)
+        print(f"writer: {report['valid']}/{report['programs']} valid; refused: {report['reasons']}")
+    elif args.command == "skill":
         report = skill(args.tasks)
         print(f"{PREDICTOR}: {report['right']}/{report['cases']} held-out outputs right ({report['accuracy']:.1%}, "
               f"greedy, {BUDGET}-token budget), {report['minutes']} min")

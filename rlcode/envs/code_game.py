@@ -70,12 +70,17 @@ __all__ = ["DEFAULT_MAX_OUTPUT_TOKENS", "FORMAT_RESERVE_TOKENS", "MAX_OUTPUT", "
 MAX_OUTPUT = 4096
 """Bytes of each run's output the wrapper keeps; any budget refuses more long before."""
 
+# A worked example and "ends by printing" because small writers otherwise define a function and never
+# call it, or ramble past the token limit: SmolLM2-135M wrote 6 valid programs of 32 with this prompt,
+# 1 of 32 with the example-free one (8 MBPP train themes x 4, benchmarks/code_game_vs_model.py
+# writer-validity). A copied example is valid but predictable, which neither writer reward pays for.
 WRITER_PROMPT = (
-    "You are the writer in a code game. Write a short Python program (at most about 20 lines) whose "
-    "printed output is hard to predict by reading the code, but which is deterministic and depends only on "
-    "the code: no randomness, time, input, files or environment. Import only these modules, if any: "
-    + ", ".join(sorted(name for name in PURE_MODULES if "." not in name))
-    + ". Keep the output short (a few lines). Theme: {theme}\nReply with the program in a ```python block.")
+    "You are the writer in a code game. Write a short Python program (at most 10 lines) about this theme: "
+    "{theme}\nThe program runs on its own (no input, files, randomness or time), imports only these modules "
+    "if any: " + ", ".join(sorted(name for name in PURE_MODULES if "." not in name))
+    + ", and ends by printing one short line with print(...). The other player must predict that line by "
+    "reading the code, so make it tricky to work out. For example:\n```python\nwords = ['apple', 'kiwi', "
+    "'fig']\nprint(sorted(words, key=len)[-1][::-1])\n```\nReply with only your program in a ```python block.")
 PREDICTOR_PROMPT = (
     "You are the predictor in a code game. Read this Python program and predict exactly what it "
     "prints.\n\n```python\n{program}\n```\n\n"
