@@ -18,7 +18,7 @@ writer learn programs that are hard for another model while keeping them valid?
     .venv/bin/python benchmarks/code_game_vs_model.py skill [--tasks 100] [--json out.json]
     .venv/bin/python benchmarks/code_game_vs_model.py writer-validity [--themes 8] [--per-theme 4]
     .venv/bin/python benchmarks/code_game_vs_model.py runs [--seeds 0 1 2] [--rewards learnability zero_sum]
-        [--root DIR] [-- rlcode fit arguments]       # one run after another, 2 threads each
+        [ROOT] [-- rlcode fit arguments]       # one run after another, 2 threads each
     .venv/bin/python benchmarks/code_game_vs_model.py summarize ROOT [--json out.json] [--samples]
 
 Results hold task ids, verdicts and the writer's own programs (never MBPP text).
@@ -202,7 +202,8 @@ def fit(reward: str, seed: int, root: Path, extra: list[str]) -> tuple[Path, flo
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("skill", "writer-validity", "runs", "summarize"))
-    parser.add_argument("root", nargs="?", type=Path, help="summarize: a finished root")
+    parser.add_argument("root", nargs="?", type=Path,
+                        help="runs: where (default: a new temp dir); summarize: a finished root")
     parser.add_argument("--tasks", type=int, default=100, help="skill: MBPP test tasks (first assert of each)")
     parser.add_argument("--themes", type=int, default=8, help="writer-validity: MBPP train tasks as themes")
     parser.add_argument("--per-theme", type=int, default=4, help="writer-validity: programs per theme")
