@@ -91,6 +91,8 @@ RANGES: dict[str, Range] = {
     "model.mode.predictions_per_program": COUNT,
     "model.mode.rae_decay": PROBABILITY,
     "model.mode.eval_temperature": NON_NEGATIVE,  # 0: greedy
+    "model.mode.opponent_temperature": NON_NEGATIVE,  # 0: greedy
+    "model.mode.opponent_max_new_tokens": COUNT,
     "model.mode.sandbox.workers": COUNT,
     "model.mode.dynamic_sampling.max_extra_rounds": COUNT,
     # The DataModules.

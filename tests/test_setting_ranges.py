@@ -52,6 +52,18 @@ def test_a_bad_value_in_a_config_names_its_file_and_line(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("flag, named", [
+    ("--model.mode.opponent_max_new_tokens=0", "model.mode.opponent_max_new_tokens=0 is out of range: use an integer >= 1"),
+    ("--model.mode.opponent_temperature=-1", "model.mode.opponent_temperature=-1.0 is out of range: use a number >= 0"),
+])
+def test_the_code_game_predictors_sampling_is_checked_before_anything_is_built(flag, named, tmp_path, capsys):
+    args = ["fit", "--config", str(REPO / "configs/code_game.yaml"), *TINY[2:], "--run.root_dir", str(tmp_path / "runs"),
+            "--model.mode.opponent", "model", "--model.mode.opponent_model", "tiny-random", flag]
+    message = _refusal(args, capsys)
+    assert named in message and len(message.splitlines()) == 1, message
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_negative_number_without_equals_sign_says_to_write_it_with_one(tmp_path, capsys):
     message = _refusal(["fit", *TINY, "--run.root_dir", str(tmp_path), "--model.learning_rate", "-1e-5"], capsys)
     assert "'-1e-5' starts with '-'" in message and "--model.learning_rate=-1e-5" in message, message

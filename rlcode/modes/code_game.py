@@ -101,11 +101,11 @@ class CodeGame(Mode):
         self.sandbox = sandbox or SandboxSettings()
         self.estimator = GroupRelativePerRole(num_generations, scale_rewards,
                                               turns_per_seat=(1, predictions_per_program))
-        for name, value in (("opponent_temperature", opponent_temperature),
-                            ("opponent_max_new_tokens", opponent_max_new_tokens)):
-            if value is not None and (value < 0 or (name.endswith("tokens") and value == 0)):
-                allowed = "a positive number" if name.endswith("tokens") else "a temperature >= 0"
-                raise SettingError(f"{name}={value}: give {allowed} or null (the policy's)")
+        if opponent_temperature is not None and opponent_temperature < 0:
+            raise SettingError(f"opponent_temperature={opponent_temperature}: give a temperature >= 0 or null (the policy's)")
+        if opponent_max_new_tokens is not None and opponent_max_new_tokens < 1:
+            raise SettingError(f"opponent_max_new_tokens={opponent_max_new_tokens}: give a positive number or null "
+                               "(the policy's)")
         self.opponent_model, self.opponent_temperature = opponent_model, opponent_temperature
         self.opponent_max_new_tokens, self.opponent_tokenizer = opponent_max_new_tokens, opponent_tokenizer
         self.opponents = Opponents(opponent, opponent_server, opponent_model,
