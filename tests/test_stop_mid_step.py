@@ -31,54 +31,45 @@ REPO = Path(__file__).resolve().parents[1]
 STOP_AT = 2
 
 
+def _sigterm_inside(outer, inner, step: int, record: Path):
+    """Wrappers of ``outer`` (counted: one call per training step) and of ``inner`` (called within it):
+    SIGTERM at ``inner``'s first call within the ``step``-th call of ``outer``, then count the calls of
+    ``inner`` that still run after it (``record``: ``{"after_signal": n}``)."""
+    calls, counts = [0], {"after_signal": None}
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return outer(*args, **kwargs)
+
+    def sending(*args, **kwargs):
+        if counts["after_signal"] is not None:
+            counts["after_signal"] += 1
+        elif calls[0] == step + 1:
+            counts["after_signal"] = 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        record.write_text(json.dumps(counts))
+        return inner(*args, **kwargs)
+
+    return counted, sending
+
+
 def _sigterm_during_generation(root: Path, step: int) -> None:
     """SIGTERM at the first decode step of the ``step``-th generate call (one per GRPO step, evals
     off); count the decode steps that still run after it."""
     from rlcode.rollout.hf_backend import HFGenerateBackend
 
-    calls, counts = {"generate": 0}, {"decode_steps_after_signal": None}
-    generate, decode_step = HFGenerateBackend.generate, HFGenerateBackend._decode_step
-
-    def counted_generate(self, *args, **kwargs):
-        calls["generate"] += 1
-        return generate(self, *args, **kwargs)
-
-    def decode_step_sending(self, *args, **kwargs):
-        if counts["decode_steps_after_signal"] is not None:
-            counts["decode_steps_after_signal"] += 1
-        elif calls["generate"] == step + 1:
-            counts["decode_steps_after_signal"] = 0
-            os.kill(os.getpid(), signal.SIGTERM)
-        (root / "decode.json").write_text(json.dumps(counts))
-        return decode_step(self, *args, **kwargs)
-
-    HFGenerateBackend.generate, HFGenerateBackend._decode_step = counted_generate, decode_step_sending
+    HFGenerateBackend.generate, HFGenerateBackend._decode_step = _sigterm_inside(
+        HFGenerateBackend.generate, HFGenerateBackend._decode_step, step, root / "decode.json")
 
 
 def _sigterm_during_update(root: Path, step: int) -> None:
     """SIGTERM in the first micro-batch's forward of the ``step``-th update (one per step: the noisy
     reward gives every group signal); count the micro-batches that still run after it."""
+    import rlcode.training.learner as learner
     from rlcode.training import policy_update
 
-    calls, counts = {"update": 0}, {"micro_batches_after_signal": None}
-    update, logps = policy_update.update_policy, policy_update.completion_logps
-
-    def counted_update(*args, **kwargs):
-        calls["update"] += 1
-        return update(*args, **kwargs)
-
-    def logps_sending(*args, **kwargs):
-        if counts["micro_batches_after_signal"] is not None:
-            counts["micro_batches_after_signal"] += 1
-        elif calls["update"] == step + 1:
-            counts["micro_batches_after_signal"] = 0
-            os.kill(os.getpid(), signal.SIGTERM)
-        (root / "update.json").write_text(json.dumps(counts))
-        return logps(*args, **kwargs)
-
-    policy_update.completion_logps = logps_sending
-    import rlcode.training.learner as learner
-    learner.update_policy = counted_update
+    learner.update_policy, policy_update.completion_logps = _sigterm_inside(
+        policy_update.update_policy, policy_update.completion_logps, step, root / "update.json")
 
 
 def _task_ids(run_dir: Path) -> dict[int, list]:
@@ -109,9 +100,9 @@ def test_sigterm_mid_step_gives_the_step_up_and_the_resume_is_exact(tmp_path, ad
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     run_dir = tmp_path / "resumed/tiny/version_0"
     if phase == "generation":  # no decode step ran after the signal's own: the loop ended at the next token
-        assert json.loads((tmp_path / "resumed/decode.json").read_text())["decode_steps_after_signal"] == 0
+        assert json.loads((tmp_path / "resumed/decode.json").read_text())["after_signal"] == 0
     else:  # no micro-batch after the signal's own: the update stopped before the next one
-        assert json.loads((tmp_path / "resumed/update.json").read_text())["micro_batches_after_signal"] == 0
+        assert json.loads((tmp_path / "resumed/update.json").read_text())["after_signal"] == 0
     assert sorted(logged_rewards(run_dir)) == list(range(STOP_AT)), "step 2 left no trace"
     assert checkpoint_metadata(run_dir / "checkpoints/last.ckpt")["global_step"] == STOP_AT
     assert f"stopped by SIGTERM at step {STOP_AT} of {STEPS}" in stopped.stdout, stopped.stdout[-2000:]
