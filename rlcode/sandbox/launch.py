@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
                 "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py", "template.py",
-                "unix_drain.py", "slot_memory.py")
+                "unix_drain.py", "slot_memory.py", "protocol_lines.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID

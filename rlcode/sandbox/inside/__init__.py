@@ -1,6 +1,6 @@
 """Code that runs INSIDE the sandbox, next to candidate code. Nothing here is trusted by the parent.
 
-What may live here: the worker's main loop (worker_main.py), the child harness that confines itself
+What may live here: the worker's main loop (worker_main.py) and its line protocol (protocol_lines.py), the child harness that confines itself
 and runs one program (child_harness.py), killing an execution's process tree (process_tree.py),
 reading an execution's outcome (outcome.py) and the plain-data encoder (plain_encode.py).
 

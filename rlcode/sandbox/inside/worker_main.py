@@ -42,6 +42,7 @@ import landlock  # noqa: E402
 import outcome  # noqa: E402
 import process_limit  # noqa: E402
 import process_tree  # noqa: E402
+import protocol_lines  # noqa: E402
 import scratch  # noqa: E402
 import slot_memory  # noqa: E402
 import template  # noqa: E402
@@ -59,41 +60,6 @@ KILL_PREFIX = b'{"op":"kill"'  # how the parent's kill messages start (worker_pr
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class LineReader:
-    """Line framing over a raw fd that is also polled (so no buffered file object)."""
-
-    def __init__(self, fd: int):
-        self.fd, self.buffer, self.eof = fd, bytearray(), False
-
-    def fill(self) -> None:
-        data = os.read(self.fd, 1 << 20)
-        if data:
-            self.buffer += data
-        else:
-            self.eof = True
-
-    def pop(self):
-        end = self.buffer.find(b"\n")
-        if end < 0:
-            return None
-        line = bytes(self.buffer[:end])
-        del self.buffer[:end + 1]
-        return line
-
-    def read_line(self):
-        while True:
-            line = self.pop()
-            if line is not None or self.eof:
-                return line
-            self.fill()
-
-
-def _write_line(fd: int, obj) -> None:
-    view = memoryview(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    while view:
-        view = view[os.write(fd, view):]
-
-
 class Worker:
     def __init__(self, config: dict, proto_in: int, proto_out: int):
         self.config = config
@@ -102,7 +68,7 @@ class Worker:
         _libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
         os.environ.clear()  # already scrubbed by whoever started us; made exact here
         os.environ.update(config["env"])
-        self.control = LineReader(proto_in)
+        self.control = protocol_lines.LineReader(proto_in)
         self.proto_out = proto_out
         self.is_root = os.getuid() == 0
         self.in_bwrap = bool(config.get("in_bwrap"))
@@ -220,7 +186,7 @@ class Worker:
                 "uid": os.getuid()}
 
     def serve(self) -> None:
-        _write_line(self.proto_out, {"op": "hello", "layers": self.layers(), "pid": os.getpid()})
+        protocol_lines.write_line(self.proto_out, {"op": "hello", "layers": self.layers(), "pid": os.getpid()})
         while not self.shutting_down:
             line = self.control.read_line()
             if line is None:
@@ -242,7 +208,7 @@ class Worker:
                 result["recycle"] = True
             if self.retire_reason:
                 result["retire_reason"], self.retire_reason = self.retire_reason, None
-            _write_line(self.proto_out, result)
+            protocol_lines.write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
         result = None
@@ -389,7 +355,7 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    reader = LineReader(proto_in)
+    reader = protocol_lines.LineReader(proto_in)
     config_line = reader.read_line()
     if config_line is None:
         return
