@@ -108,3 +108,22 @@ def test_the_other_model_settings_are_checked_at_once():
         CodeGame(opponent="model", opponent_model="tiny-random", opponent_max_new_tokens=0)
     with pytest.raises(SettingError, match="opponent_temperature=-1"):
         CodeGame(opponent="model", opponent_model="tiny-random", opponent_temperature=-1)
+
+
+def test_the_other_model_is_loaded_frozen_in_the_policys_dtype():
+    """Loaded in ``configure`` beside the policy: moved to the policy's device and dtype (here a
+    float64 policy, which transformers' default fp32 load would not match), and never trained."""
+    import torch
+    from grpo_harness import learner
+
+    module = learner(CodeGame, model_name="tiny-random", opponent="model", opponent_model="tiny-random")
+    module.configure_model()
+    module.policy.to(torch.float64)
+    module.mode.opponents._other = None  # load again, now beside a float64 policy
+    module.mode.opponents.configure(module)
+    other, tokenizer = module.mode.opponents._other
+    assert other is not module.policy and tokenizer is not None
+    assert {p.dtype for p in other.parameters()} == {torch.float64}
+    assert {p.device for p in other.parameters()} == {module.device}
+    opponent = module.mode.opponents.actor(module)
+    assert not any(p.requires_grad for p in other.parameters()) and not other.training, type(opponent).__name__
