@@ -110,7 +110,7 @@ def test_fit_counts_successful_predictions(tmp_path):
 
 def test_successful_predictions_count_counts_correct_predictions():
     """In episode modes `reward/successful_predictions_count` counts episodes that succeeded (here:
-    correct predictions) among all episodes; an invalid program (success None) is a game without a correct prediction."""
+    correct predictions) among all episodes; an episode that cannot say (success None) counts as one without."""
     from rlcode.modes import CodeGame
     from grpo_harness import learner
     from rlcode.training.step_record import StepRecord

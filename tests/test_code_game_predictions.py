@@ -53,7 +53,9 @@ def test_learnability_does_not_pay_for_all_right_or_invalid(pool):
     game.step("42")
     assert game.step("42").returns == {0: 0.0, 1: 1.0}
     game.reset(0)
-    assert game.step("```python\nimport os\nprint(os.getcwd())\n```").returns == {0: -1.0}
+    invalid = game.step("```python\nimport os\nprint(os.getcwd())\n```")
+    assert invalid.returns == {0: -1.0}
+    assert invalid.info["success"] is False  # a game, unsuccessful: a step of only these still counts games
 
 
 def test_learnability_needs_two_predictions():

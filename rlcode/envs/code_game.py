@@ -289,6 +289,9 @@ class CodeGameEnv:
             check = self._check()
             info = {"role": "writer", "valid": check.valid, "reason": check.reason, "output": check.output}
             if not check.valid:
+                # a game without a program to predict: not a success. Said, not left unknown, so that a
+                # step whose games were all invalid still counts games, not the fallback's completions
+                info["success"] = False
                 return StepResult(None, {0: writer_return(self.writer_reward, None, self.penalty)}, info)
             self._stage, self._output = "predict", check.output
             return StepResult(self._predictor_turn(), None, info)
