@@ -129,16 +129,20 @@ def permutation_p(first: list[float], last: list[float], permutations: int = PER
 
 
 def trend(steps: dict[int, list[dict]], window: int = WINDOW) -> dict:
-    """The first ``window`` steps' programs against the last ``window``'s (fewer steps: halves)."""
+    """The first ``window`` steps' programs against the last ``window``'s (fewer steps: halves): the
+    predictor's success share on each valid program, each game's validity, and whether each valid
+    program is learnable (some but not all predictions right: what ``learnability`` pays for)."""
     order = list(steps)
     window = min(window, len(order) // 2)
     ends = {"first": order[:window], "last": order[-window:] if window else []}
     stats = {}
     for end, chosen in ends.items():
         outcomes = [program_outcomes(g) for s in chosen for g in steps[s]]
-        stats[end] = {"validity": [float(v) for v, _ in outcomes], "success": [x for v, x in outcomes if v]}
+        shares = [x for v, x in outcomes if v]
+        stats[end] = {"validity": [float(v) for v, _ in outcomes], "success": shares,
+                      "learnable": [float(0 < x < 1) for x in shares]}
     result = {"window_steps": window}
-    for measure in ("success", "validity"):
+    for measure in ("success", "validity", "learnable"):
         first, last = stats["first"][measure], stats["last"][measure]
         result[measure] = {"first": sum(first) / len(first) if first else None, "n_first": len(first),
                            "last": sum(last) / len(last) if last else None, "n_last": len(last),
@@ -238,13 +242,14 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(results: list[dict], with_samples: bool) -> None:
     pct = game_bench.pct
     print("| reward | seed | steps | predictor success on valid, first -> last 10 steps (p) "
-          "| valid share, first -> last (p) | run min |")
-    print("|---|---|---|---|---|---|")
+          "| valid share, first -> last (p) | learnable share of valid, first -> last (p) | run min |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        s, v = r["trend"]["success"], r["trend"]["validity"]
-        print(f"| {r['reward']} | {r['seed']} | {r['steps']} | {pct(s['first'])} -> {pct(s['last'])} "
-              f"({s['permutation_p']:.3g}) | {pct(v['first'])} -> {pct(v['last'])} ({v['permutation_p']:.3g}) "
-              f"| {r['minutes']} |")
+        cells = []
+        for measure in ("success", "validity", "learnable"):
+            m = r["trend"].get(measure)  # results written before the learnable share have none
+            cells.append(f"{pct(m['first'])} -> {pct(m['last'])} ({m['permutation_p']:.3g})" if m else "-")
+        print(f"| {r['reward']} | {r['seed']} | {r['steps']} | {' | '.join(cells)} | {r['minutes']} |")
         for end in ("first", "last") if with_samples else ():
             picked = r["samples"][end]
             for item in (picked or {}).get("games", []):

@@ -45,7 +45,9 @@ def test_a_falling_success_with_validity_kept_is_significant_and_a_flat_one_is_n
     assert result["success"]["first"] == 1.0 and result["success"]["last"] == 0.0
     assert result["success"]["permutation_p"] == pytest.approx(1 / (bench.PERMUTATIONS + 1))  # nothing as extreme
     assert result["validity"]["permutation_p"] == 1.0  # every program valid at both ends
+    assert result["learnable"]["first"] == 0.0 and result["learnable"]["last"] == 0.0  # all or none right
     flat = [_game(s, True, [True, False]) for s in range(20) for _ in range(4)]
+    assert bench.trend(bench.games_by_step(_log(tmp_path / "c", flat)))["learnable"]["last"] == 1.0
     assert bench.trend(bench.games_by_step(_log(tmp_path / "b", flat)))["success"]["permutation_p"] == 1.0
 
 
