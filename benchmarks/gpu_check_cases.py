@@ -28,13 +28,13 @@ bf16-mixed there (Lightning has no fp16 autocast on CPU) and the vLLM check runs
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: the reward below, gpu_vllm_smoke
+from gpu_measure import StepClock, free_memory, peak_gb, reset_peak, sync, throughput  # noqa: E402
 
 # Qwen2.5-1.5B-Instruct's config.json (architecture fields); the dry run keeps the family, shrinks the sizes.
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -101,51 +101,21 @@ class Setup:
                 for batch in batches:
                     yield {key: [row[key] for row in batch] for key in batch[0]}
 
-        clock = _Clock()
+        clock = StepClock()
         trainer = L.Trainer(accelerator=self.accelerator, devices=devices, strategy=strategy, precision=precision,
                             max_steps=steps,
                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
-        _reset_peak()
+        reset_peak()
         if datamodule is None:
             trainer.fit(module, train_dataloaders=DataLoader(Batches(), batch_size=None, num_workers=0))
         else:
             trainer.fit(module, datamodule=datamodule)
         result = clock.summary()
-        result.update(peak_gpu_gb=_peak_gb(), optimizer_steps=trainer.global_step)
+        result.update(peak_gpu_gb=peak_gb(), optimizer_steps=trainer.global_step)
         del trainer
-        _free()
+        free_memory()
         return result
-
-
-class _Clock:
-    """Lightning callback: step ends and completion tokens of each step."""
-
-    def __new__(cls):
-        import lightning as L
-
-        class Clock(L.Callback):
-            def __init__(self) -> None:
-                self.ends, self.tokens = [], []
-
-            def on_train_start(self, trainer, module) -> None:
-                self.started = time.perf_counter()
-
-            def on_train_batch_end(self, trainer, module, *args) -> None:
-                self.ends.append(time.perf_counter())
-                self.tokens.append(sum(module.last_step.completion_lengths) if module.last_step else 0)
-
-            def summary(self) -> dict:
-                return _throughput([self.started, *self.ends], self.tokens)
-
-        return Clock()
-
-
-def _throughput(times: list[float], tokens: list[int]) -> dict:
-    steps = [b - a for a, b in zip(times, times[1:])]
-    timed = slice(1, None) if len(steps) > 1 else slice(0, None)  # leave the warm-up step out
-    seconds, count = sum(steps[timed]), sum(tokens[timed])
-    return {"step_s": [round(s, 3) for s in steps], "tokens_per_s": round(count / seconds, 1) if seconds else None}
 
 
 def model_folder(work_dir: Path, shape: dict) -> Path:
@@ -211,7 +181,7 @@ def build_model_folder(folder: Path, shape: dict) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
-    _free()
+    free_memory()
     return folder
 
 
@@ -251,13 +221,13 @@ def check_trl_bf16(setup: Setup) -> dict:
         num_generations=setup.generations, max_completion_length=setup.max_new_tokens, temperature=1.0, top_k=0,
         top_p=1.0, beta=0.0, loss_type="dapo", bf16=True, learning_rate=1e-6, max_steps=setup.steps,
         shuffle_dataset=False)
-    _reset_peak()
+    reset_peak()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
                           train_dataset=Dataset.from_list(prompt_rows(setup.prompts * setup.steps)), callbacks=[Clock()])
     trainer.train()
-    result = dict(_throughput(times, tokens), peak_gpu_gb=_peak_gb(), optimizer_steps=trainer.state.global_step)
+    result = dict(throughput(times, tokens), peak_gpu_gb=peak_gb(), optimizer_steps=trainer.state.global_step)
     del trainer, model
-    _free()
+    free_memory()
     return result
 
 
@@ -282,19 +252,19 @@ def check_shared_prefix(setup: Setup) -> dict:
     logps = {}
     for share in (False, True, False, True):  # alternate; the second of each is timed
         policy.zero_grad(set_to_none=True)
-        _sync()
+        sync()
         started = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             values = completion_logps(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
                                       share_prefix=share)
         values.sum().backward()
-        _sync()
+        sync()
         result[f"{'shared' if share else 'plain'}_s"] = round(time.perf_counter() - started, 4)
         logps[share] = values.detach().float()
     result["max_abs_logp_difference"] = float((logps[True] - logps[False]).abs().max())
     result["speedup"] = round(result["plain_s"] / result["shared_s"], 2)
     del policy
-    _free()
+    free_memory()
     return result
 
 
@@ -375,36 +345,8 @@ def check_vllm(setup: Setup) -> dict:
     result.update(tokens=int(mask.sum()), mean_abs_logp_difference=float(difference.abs().mean()),
                   importance_weight_mean=float(weights.mean()), importance_weight_min=float(weights.min()))
     del backend, policy
-    _free()
+    free_memory()
     return result
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _reset_peak() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _peak_gb() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
-
-
-def _free() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 CHECKS = {"platform": check_platform, "model": check_model, "grpo_bf16": check_grpo_bf16,
