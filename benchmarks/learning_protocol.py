@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="where records are read and written")
     parser.add_argument("--samples", type=int, default=8, help="select: completions per problem for pass@1")
     parser.add_argument("--temperature", type=float, default=0.8, help="select: their temperature")
-    parser.add_argument("--baseline", type=Path, help="select: the base model's verdicts on the selection split, "
-                        "scored before with the same eval settings (rlcode validate): every seed reuses them")
+    parser.add_argument("--baseline", type=Path, help="the base model's verdicts on the split scored (select: "
+                        "rlcode validate; confirm: an earlier seed's eval/step_0.json), same eval settings: every "
+                        "seed reuses them and none evaluates at start, so seeds can run as parallel invocations")
     parser.add_argument("--no-humaneval", dest="humaneval", action="store_false", help="confirm: skip HumanEval")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: more rlcode fit arguments (hashed)

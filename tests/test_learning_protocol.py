@@ -162,3 +162,31 @@ def test_selection_with_a_baseline_scored_before_runs_no_start_eval(results, tmp
     assert calls == [False, False], "no seed ran a start eval"
     assert record["baseline"] == str(baseline) and [row["sampled_pass_at_1_before"] for row in record["rows"]] == [0, 0]
     assert all(row["sampled_pass_at_1_after"] == 0.5 for row in record["rows"])
+
+
+def test_a_confirmation_seed_with_a_baseline_runs_no_start_eval(results, tmp_path, monkeypatch):
+    """``confirm --baseline FILE`` (a later seed as its own invocation, beside the first): no start eval,
+    compared with the first seed's step-0 verdicts."""
+    protocol.register(RECIPE, [], [40], results, printer("a: 1\n"))
+    monkeypatch.setattr(protocol, "print_config", lambda configs, extra: "a: 1\n")
+    baseline = tmp_path / "first/eval/step_0.json"
+    baseline.parent.mkdir(parents=True)
+    problems = [{"task_id": t, "passed": t % 2 == 0} for t in range(11, 511)]
+    baseline.write_text(json.dumps({"generation": {"num_samples": 0}, "problems": problems}))
+    calls = []
+
+    def fit(configs, seed, run, threads, at_start, extra):
+        calls.append(at_start)
+        after = run / "runs/x/version_0/eval/step_90.json"
+        after.parent.mkdir(parents=True)
+        after.write_text(json.dumps({"generation": {"num_samples": 0},
+                                     "problems": [{**p, "passed": True} for p in problems]}))
+        return 1.0, 0
+
+    monkeypatch.setattr(protocol.measure, "fit", fit)
+    protocol.main(["confirm", "--config", *map(str, RECIPE), "--seeds", "40", "--baseline", str(baseline),
+                   "--no-humaneval", "--results", str(results), "--root", str(tmp_path / "runs")])
+    (written,) = results.glob("confirmation_*.json")
+    (row,) = json.loads(written.read_text())["rows"]
+    assert calls == [False], "no start eval"
+    assert (row["passed_before"], row["passed_after"], len(row["gained"])) == (250, 500, 250)
