@@ -141,20 +141,11 @@ def test_selection_with_a_baseline_scored_before_runs_no_start_eval(results, tmp
     """``select --baseline FILE``: recipes run side by side share one base-model eval; every seed's fit
     skips its start eval and is compared with that file, whose path the record keeps."""
     baseline = tmp_path / "base/eval/validate_step_0.json"
-    baseline.parent.mkdir(parents=True)
     problems = [{"task_id": t, "passed": False, "samples": 4, "samples_passed": 0} for t in (*range(1, 11), *range(511, 601))]
-    baseline.write_text(json.dumps({"generation": {"num_samples": 4}, "problems": problems}))
+    _write_eval(baseline, 4, problems)
     calls = []
-
-    def fit(configs, seed, run, threads, at_start, extra):
-        calls.append(at_start)
-        after = run / "runs/x/version_0/eval/step_5.json"
-        after.parent.mkdir(parents=True)
-        after.write_text(json.dumps({"generation": {"num_samples": 4},
-                                     "problems": [{**p, "samples_passed": 2} for p in problems]}))
-        return 1.0, 0
-
-    monkeypatch.setattr(protocol.measure, "fit", fit)
+    after = [{**p, "samples_passed": 2} for p in problems]
+    monkeypatch.setattr(protocol.measure, "fit", _fit_writing("step_5.json", 4, after, calls))
     protocol.main(["select", "--config", *map(str, RECIPE), "--seeds", "30", "31", "--baseline", str(baseline),
                    "--results", str(results), "--root", str(tmp_path / "runs")])
     (written,) = results.glob("selection_*.json")
@@ -170,23 +161,28 @@ def test_a_confirmation_seed_with_a_baseline_runs_no_start_eval(results, tmp_pat
     protocol.register(RECIPE, [], [40], results, printer("a: 1\n"))
     monkeypatch.setattr(protocol, "print_config", lambda configs, extra: "a: 1\n")
     baseline = tmp_path / "first/eval/step_0.json"
-    baseline.parent.mkdir(parents=True)
     problems = [{"task_id": t, "passed": t % 2 == 0} for t in range(11, 511)]
-    baseline.write_text(json.dumps({"generation": {"num_samples": 0}, "problems": problems}))
+    _write_eval(baseline, 0, problems)
     calls = []
-
-    def fit(configs, seed, run, threads, at_start, extra):
-        calls.append(at_start)
-        after = run / "runs/x/version_0/eval/step_90.json"
-        after.parent.mkdir(parents=True)
-        after.write_text(json.dumps({"generation": {"num_samples": 0},
-                                     "problems": [{**p, "passed": True} for p in problems]}))
-        return 1.0, 0
-
-    monkeypatch.setattr(protocol.measure, "fit", fit)
+    after = [{**p, "passed": True} for p in problems]
+    monkeypatch.setattr(protocol.measure, "fit", _fit_writing("step_90.json", 0, after, calls))
     protocol.main(["confirm", "--config", *map(str, RECIPE), "--seeds", "40", "--baseline", str(baseline),
                    "--no-humaneval", "--results", str(results), "--root", str(tmp_path / "runs")])
     (written,) = results.glob("confirmation_*.json")
     (row,) = json.loads(written.read_text())["rows"]
     assert calls == [False], "no start eval"
     assert (row["passed_before"], row["passed_after"], len(row["gained"])) == (250, 500, 250)
+
+
+def _write_eval(path: Path, samples: int, problems: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"generation": {"num_samples": samples}, "problems": problems}))
+
+
+def _fit_writing(name: str, samples: int, problems: list[dict], calls: list):
+    """A stand-in ``measure.fit`` that records whether it was asked for a start eval and writes an end eval."""
+    def fit(configs, seed, run, threads, at_start, extra):
+        calls.append(at_start)
+        _write_eval(run / "runs/x/version_0/eval" / name, samples, problems)
+        return 1.0, 0
+    return fit
