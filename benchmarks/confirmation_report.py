@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/confirmation_report.py benchmarks/results/confirmation_RECIPE_DATE.json [MORE...]
 
 Prints one markdown row per seed of every record given (a confirmation may run as several invocations,
-each its own record), whatever the seed showed, then each record's dates, load and registration hash,
+each its own record), whatever the seed showed, with its training minutes (the steps alone; from its
+run directory's metrics.csv where the record predates them) beside the whole fit's (evals included), then each record's dates, load and registration hash,
 and per seed a sentence on the test's power (``mcnemar_power``). Seeds a record names but never scored
 (a failed or stopped fit) get a row saying so: a confirmation is reported whole.
 
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_mbpp import training_minutes  # noqa: E402
 from mcnemar_power import power_sentence  # noqa: E402
 
 EXPLORATORY_GAIN_SHARE = 56 / 74
@@ -34,19 +36,22 @@ def seed_rows(record: dict) -> list[str]:
         row = scored.get(seed)
         if row is None:
             why = record.get("failed", {}).get(str(seed)) or record.get("status", "not run")
-            lines.append(f"| {seed} | - | {minutes} | not scored: {why} | | | | |")
+            lines.append(f"| {seed} | - | - / {minutes} | not scored: {why} | | | | |")
             continue
         held_out = row.get("humaneval")
         humaneval = (f"{held_out['passed_before']} -> {held_out['passed_after']} (p {held_out['mcnemar_p']:.2g})"
                      if held_out else "not scored")
-        lines.append(f"| {seed} | {row['steps']} | {minutes} | {row['passed_before']} -> {row['passed_after']} "
+        run = Path(row["run"]) if row.get("run") else None
+        training = row.get("training_minutes") or (training_minutes(run) if run and run.is_dir() else None)
+        lines.append(f"| {seed} | {row['steps']} | {training or '-'} / {minutes} "
+                     f"| {row['passed_before']} -> {row['passed_after']} "
                      f"| {len(row['lost'])} / {len(row['gained'])} | {row['mcnemar_p']:.2g} "
                      f"| {'yes' if row['mcnemar_p'] < ALPHA else 'no'} | {humaneval} |")
     return lines
 
 
 def report(records: list[dict], gain_share: float = EXPLORATORY_GAIN_SHARE) -> str:
-    lines = ["| seed | steps | fit minutes | MBPP test passed (of 500) | lost / gained | McNemar p "
+    lines = ["| seed | steps | minutes: training / whole fit | MBPP test passed (of 500) | lost / gained | McNemar p "
              f"| p < {ALPHA} | HumanEval (of 164) |", "|---|---|---|---|---|---|---|---|"]
     for record in records:
         lines += seed_rows(record)

@@ -28,6 +28,7 @@ model (reused by every seed like the MBPP baseline); the same table and test are
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -57,6 +58,17 @@ def eval_files(run: Path) -> dict[int, Path]:
     for path in run.rglob("eval/step_*.json"):
         found[int(path.stem.split("_")[1])] = path
     return found
+
+
+def training_minutes(run: Path) -> float | None:
+    """The run's training steps alone, in minutes (``perf/step_s`` summed from its metrics.csv): the fit's
+    wall time also holds its evals. None when the run has no metrics file."""
+    found = sorted(run.rglob("metrics.csv"))
+    if not found:
+        return None
+    with found[-1].open() as handle:
+        seconds = [float(row["perf/step_s"]) for row in csv.DictReader(handle) if row.get("perf/step_s")]
+    return round(sum(seconds) / 60, 1)
 
 
 def verdicts(path: Path) -> dict[int, bool]:
@@ -160,7 +172,8 @@ def summarize(runs: list[tuple[int | str, Path]], baseline: Path | None,
                                     "eval.at_start true")
         last = max(files)
         before, after = scored_alike(start, files[last])
-        rows.append({"seed": seed, "run": str(run), "steps": last, **compare(verdicts(before), verdicts(after))})
+        rows.append({"seed": seed, "run": str(run), "steps": last, "training_minutes": training_minutes(run),
+                     **compare(verdicts(before), verdicts(after))})
         scored = (run / "humaneval").is_dir() or any(run.rglob("eval/test_step_*.json"))
         if humaneval_baseline is not None and scored:
             # the trained seed's verdicts lie beside its checkpoint (before: under humaneval/): both are below run

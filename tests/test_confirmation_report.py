@@ -43,7 +43,17 @@ def test_every_seed_is_in_the_table_scored_or_not():
               "failed": {"302": "rlcode fit exited 1"}, "status": "failed", "registration": "registration_x.json",
               "config_sha256": "ab" * 32}
     table = report([record], gain_share=0.75)
-    assert "| 301 | 90 | 40.1 | 26 -> 40 | 5 / 19 |" in table
-    assert "| 302 | - | - | not scored: rlcode fit exited 1 |" in table
+    assert "| 301 | 90 | - / 40.1 | 26 -> 40 | 5 / 19 |" in table
+    assert "| 302 | - | - / - | not scored: rlcode fit exited 1 |" in table
     assert "Significant in 1 of 2 seeds." in table
     assert "seed 301: 24 discordant problems" in table
+
+
+def test_training_minutes_come_from_the_runs_step_times(tmp_path):
+    metrics = tmp_path / "run/x/version_0/metrics.csv"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text("step,perf/step_s,reward/std\n0,30,0.1\n1,,0.2\n2,90,0.0\n")  # a row without a step time
+    row = {"seed": 7, "run": str(tmp_path / "run"), "steps": 2, "passed_before": 1, "passed_after": 2, "lost": [],
+           "gained": [3], "mcnemar_p": 1.0, "problems": 500}
+    record = {"seeds": [7], "rows": [row], "minutes": {"7": 9.0}, "registration": "r", "config_sha256": "0"}
+    assert "| 7 | 2 | 2.0 / 9.0 |" in report([record])
