@@ -50,6 +50,11 @@ def seed_rows(record: dict) -> list[str]:
     return lines
 
 
+def _load(record: dict, end: str) -> str:
+    value = record.get(f"load_avg_1m_{end}")
+    return "-" if value is None else f"{value:.2f}"
+
+
 def report(records: list[dict], gain_share: float = EXPLORATORY_GAIN_SHARE) -> str:
     lines = ["| seed | steps | minutes: training / whole fit | MBPP test passed (of 500) | lost / gained | McNemar p "
              f"| p < {ALPHA} | HumanEval (of 164) |", "|---|---|---|---|---|---|---|---|"]
@@ -60,8 +65,8 @@ def report(records: list[dict], gain_share: float = EXPLORATORY_GAIN_SHARE) -> s
     lines += ["", f"Significant in {significant} of {seeds} seeds."]
     for record in records:
         lines.append(f"- seeds {record['seeds']}: {record.get('started_at')} -> {record.get('finished_at')}, "
-                     f"{record.get('status')}, load average {record.get('load_avg_1m_start')} at the start and "
-                     f"{record.get('load_avg_1m_end')} at the end; {record['registration']} "
+                     f"{record.get('status')}, load average {_load(record, 'start')} at the start and "
+                     f"{_load(record, 'end')} at the end; {record['registration']} "
                      f"(config sha256 {record['config_sha256']})")
     for record in records:
         for row in record["rows"]:
