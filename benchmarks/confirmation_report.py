@@ -4,8 +4,9 @@
 
 Prints one markdown row per seed of every record given (a confirmation may run as several invocations,
 each its own record), whatever the seed showed, with its training minutes (the steps alone; from its
-run directory's metrics.csv where the record predates them) beside the whole fit's (evals included), then each record's dates, load and registration hash,
-and per seed a sentence on the test's power (``mcnemar_power``). Seeds a record names but never scored
+run directory's metrics.csv where the record predates them) beside the whole fit's (evals included),
+then each record's dates, load and registration hash, and per seed a sentence on the test's power
+(``mcnemar_power``). Seeds a record names but never scored
 (a failed or stopped fit) get a row saying so: a confirmation is reported whole.
 
 The power's gain share defaults to the exploratory wide recipe's (2026-11-26, 90 steps, seeds 0-2: 56

@@ -61,12 +61,14 @@ def eval_files(run: Path) -> dict[int, Path]:
 
 
 def training_minutes(run: Path) -> float | None:
-    """The run's training steps alone, in minutes (``perf/step_s`` summed from its metrics.csv): the fit's
-    wall time also holds its evals. None when the run has no metrics file."""
-    found = sorted(run.rglob("metrics.csv"))
-    if not found:
+    """The run's training steps alone, in minutes (``perf/step_s`` summed from the fit's metrics.csv, the
+    one beside its step evals: HumanEval's test runs below ``run`` write their own): the fit's wall time
+    also holds its evals. None when the fit left no evals or no metrics file."""
+    files = eval_files(run)
+    metrics = files[max(files)].parent.parent / "metrics.csv" if files else None
+    if metrics is None or not metrics.is_file():
         return None
-    with found[-1].open() as handle:
+    with metrics.open() as handle:
         seconds = [float(row["perf/step_s"]) for row in csv.DictReader(handle) if row.get("perf/step_s")]
     return round(sum(seconds) / 60, 1)
 

@@ -50,9 +50,15 @@ def test_every_seed_is_in_the_table_scored_or_not():
 
 
 def test_training_minutes_come_from_the_runs_step_times(tmp_path):
-    metrics = tmp_path / "run/x/version_0/metrics.csv"
+    metrics = tmp_path / "run/a/version_0/metrics.csv"  # the fit; "a" sorts before "humaneval"
     metrics.parent.mkdir(parents=True)
     metrics.write_text("step,perf/step_s,reward/std\n0,30,0.1\n1,,0.2\n2,90,0.0\n")  # a row without a step time
+    (metrics.parent / "eval").mkdir()
+    (metrics.parent / "eval/step_2.json").write_text("{}")  # the fit's own end eval: its metrics sit beside it
+    humaneval = tmp_path / "run/humaneval/x/version_0"  # a test run's metrics, no step times: not the fit's
+    (humaneval / "eval").mkdir(parents=True)
+    (humaneval / "eval/test_step_2.json").write_text("{}")
+    (humaneval / "metrics.csv").write_text("step,perf/step_s\n0,600\n")
     row = {"seed": 7, "run": str(tmp_path / "run"), "steps": 2, "passed_before": 1, "passed_after": 2, "lost": [],
            "gained": [3], "mcnemar_p": 1.0, "problems": 500}
     record = {"seeds": [7], "rows": [row], "minutes": {"7": 9.0}, "registration": "r", "config_sha256": "0"}
