@@ -12,17 +12,21 @@ second (steadier still when other jobs share the cores). `--stop` adds stop stri
 at git revision REV (its hf_backend.py and stop_strings.py), interleaved with today's, and checks
 that both sample the same completions.
 
-`--decode-step` times one decode step instead (batch `--batch`, `--context` prompt tokens, then
-`--max-new-tokens` steps; the median step), with transformers' concatenating cache and with the
-backend's in-place one (`rlcode.rollout.kv_cache`), against two floors measured in the same process:
+`--decode-step` times one decode step instead (batch `--batch` rows: `--batch / --group` prompts of
+`--context` tokens, each decoded by `--group` rows as in a GRPO rollout, then `--max-new-tokens` steps;
+the median step), with transformers' concatenating cache and with the backend's in-place one
+(`rlcode.rollout.kv_cache`), against two floors measured in the same process:
   matmul bound   2 x linear parameters x rows FLOPs at the rate of one [rows, H] x [H, I] product
                  repeated on the same weight (it stays in the CPU's cache: the most optimistic rate;
                  grpo_sides.matmul_flops_per_s, as step_throughput.py's utilisation uses)
   weight floor   every nn.Linear of the model once, in module order, on [rows, in] inputs: the
                  products a decode step cannot avoid, with the weights read from memory as in a step
-and the int8 sampler's step (`model.rollout_precision: int8`, in-place cache) against its own floor,
-measured the same way: every linear of the int8 copy once (the dynamic int8 ones, and the MLP down
-projections it keeps in fp32; the int8 ones alone are shown too).
+and the int8 sampler's step (`model.rollout_precision: int8`) against its own floor, measured the same
+way: every linear of the int8 copy once (the dynamic int8 ones, and the MLP down projections it keeps
+in fp32; the int8 ones alone are shown too). The int8 step runs twice: as it samples (each prompt's
+keys and values once per group, `rlcode.rollout.shared_prompt_cache`) and with SDPA over a per-row
+copy of the prompt (`int8, per-row prompts`, what it did before). `--group 1` gives every row its own
+prompt (the decode-step figures before 2026-11-28 were measured so).
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
     python benchmarks/rollout_speed.py --models tiny-random --threads 1 --stop '```' '[DONE]' \
@@ -47,7 +51,6 @@ import torch.nn.functional as F
 from rlcode.models import load_model, load_tokenizer
 from rlcode.models.cache_name import output_cache
 from rlcode.rollout import HFGenerateBackend, SamplingParams, render_prompt
-from rlcode.rollout.kv_cache import preallocate
 from rlcode.rollout.quantized_sampler import quantized_copy
 
 from grpo_sides import matmul_flops_per_s
@@ -174,31 +177,36 @@ def _median_ms(call, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def decode_steps_ms(backend: HFGenerateBackend, batch: int, context: int, steps: int, in_place: bool,
+def decode_steps_ms(backend: HFGenerateBackend, batch: int, group: int, context: int, steps: int, in_place: bool,
                     model=None) -> list[float]:
     """Times of the backend's decode step (`_decode_step`), `steps` times after a `context`-token
-    prefill of `batch` rows, with transformers' cache or (`in_place`) the backend's; `model`: the
-    model stepped (default the backend's; the int8 copy for the int8 sampler)."""
+    prefill of `batch // group` prompts, each repeated for `group` rows, with transformers' cache or
+    (`in_place`) the one the backend builds (`_prefill`: in place; the int8 copy's shares each
+    prompt's keys and values across its group); `model`: the model stepped (default the backend's)."""
     model = backend.model if model is None else model
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, model.config.vocab_size - 1, (batch, context), generator=generator)
+    ids = torch.randint(100, model.config.vocab_size - 1, (batch // group, context), generator=generator)
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        output = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-        cache = output_cache(output)
         if in_place:
-            preallocate(cache, steps)
-        tokens, positions, times = output.logits[:, -1].argmax(-1), torch.full((batch, 1), context), []
+            logits, cache, positions = backend._prefill(model, ids, mask, group, room=steps)
+        else:
+            output = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+            cache = output_cache(output)
+            cache.batch_repeat_interleave(group)
+            logits, positions = output.logits[:, -1].repeat_interleave(group, dim=0), torch.full((batch, 1), context - 1)
+        mask, times = mask.repeat_interleave(group, dim=0), []
+        tokens = logits.argmax(-1)
         for _ in range(steps):
-            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1)
+            mask, positions = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1), positions + 1
             start = time.perf_counter()
             logits = backend._decode_step(model, tokens, mask, positions, cache)
             times.append(time.perf_counter() - start)
-            tokens, positions = logits.argmax(-1), positions + 1
+            tokens = logits.argmax(-1)
     return [seconds * 1e3 for seconds in times]
 
 
-def decode_step_report(model_name: str, batch: int, context: int, steps: int, repeats: int) -> None:
+def decode_step_report(model_name: str, batch: int, group: int, context: int, steps: int, repeats: int) -> None:
     model = load_model(model_name).eval()
     backend = HFGenerateBackend(model, load_tokenizer(model_name))
     linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
@@ -208,19 +216,23 @@ def decode_step_report(model_name: str, batch: int, context: int, steps: int, re
     bound = flops / hot_rate * 1e3
     inputs = {size: torch.randn(batch, size) for size in {module.in_features for module in linears}}
     int8 = quantized_copy(model)[0]
+    per_row_int8 = quantized_copy(model)[0]  # the same copy with SDPA over a per-row prompt cache
+    per_row_int8.config._attn_implementation = "sdpa"
     int8_layers = [m for m in int8.modules() if isinstance(m, (torch.nn.Linear, DynamicInt8Linear))]
     with torch.no_grad():
         floor = _median_ms(lambda: [F.linear(inputs[m.in_features], m.weight, m.bias) for m in linears], repeats)
         int8_floor = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers], repeats)
         int8_only = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers
                                         if isinstance(m, DynamicInt8Linear)], repeats)
-    step = {"transformers' cache": [], "in-place cache": [], "int8 in-place cache": []}
-    for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit both alike
+    stepped = {"transformers' cache": (model, False), "in-place cache": (model, True),
+               "int8, per-row prompts": (per_row_int8, True), "int8 (shared prompts)": (int8, True)}
+    step = {name: [] for name in stepped}
+    for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit all alike
         for name in list(step)[:: -1 if repeat % 2 else 1]:
-            step[name] += decode_steps_ms(backend, batch, context, steps, in_place=name != "transformers' cache",
-                                          model=int8 if name.startswith("int8") else None)
-    print(f"\n{model_name}: decode step, batch {batch}, context {context} -> {context + steps}, "
-          f"torch threads {torch.get_num_threads()}")
+            stepped_model, in_place = stepped[name]
+            step[name] += decode_steps_ms(backend, batch, group, context, steps, in_place, model=stepped_model)
+    print(f"\n{model_name}: decode step, batch {batch} ({batch // group} prompts x {group}), "
+          f"context {context} -> {context + steps}, torch threads {torch.get_num_threads()}")
     print(f"  matmul bound   {bound:7.1f} ms  ({flops / 1e9:.2f} GFLOP at {hot_rate / 1e9:.1f} GFLOP/s, "
           f"[{batch}, {hidden}] x [{hidden}, {inner}] repeated)")
     print(f"  weight floor   {floor:7.1f} ms  (x{floor / bound:.2f} the bound: {len(linears)} linears once each)")
@@ -230,7 +242,7 @@ def decode_step_report(model_name: str, batch: int, context: int, steps: int, re
     for name, times in step.items():
         median = statistics.median(times)
         own_floor = int8_floor if name.startswith("int8") else floor
-        print(f"  {name:20s} {median:7.1f} ms  (x{median / bound:.2f} the bound, x{median / own_floor:.2f} "
+        print(f"  {name:22s} {median:7.1f} ms  (x{median / bound:.2f} the bound, x{median / own_floor:.2f} "
               f"{'the int8' if name.startswith('int8') else 'the'} floor)")
 
 
@@ -239,7 +251,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-random", "tiny-random-49k", "smollm2-135m-instruct"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4, help="rows per prompt (--decode-step too)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--stop", nargs="*", default=[], help="stop strings for every path")
@@ -254,7 +266,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     for model_name in args.models:
         if args.decode_step:
-            decode_step_report(model_name, args.batch, args.context, args.max_new_tokens, args.repeats)
+            decode_step_report(model_name, args.batch, args.group, args.context, args.max_new_tokens, args.repeats)
             continue
         run(model_name, args.repeats, args.max_new_tokens, args.group, args.temperature, args.stop, args.paths,
             args.baseline)

@@ -29,6 +29,7 @@ from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.kv_cache import preallocate
 from rlcode.rollout.quantized_sampler import QuantizedSampler, RolloutPrecision, precision_refusal, sampling_logps
 from rlcode.rollout.sampling import next_tokens
+from rlcode.rollout.shared_prompt_cache import share_prompt_cache, shares_prompt_cache
 from rlcode.rollout.stop_strings import StopStringMatcher
 
 
@@ -232,9 +233,10 @@ class HFGenerateBackend:
         except TypeError:  # custom (remote-code) models without the argument
             output = model(**inputs)
         cache = output_cache(output)  # the model builds the cache type its layers need
-        if group > 1:
-            cache.batch_repeat_interleave(group)
-        preallocate(cache, room)
+        if not (shares_prompt_cache(model) and share_prompt_cache(cache, group, room)):  # the prompt once per group
+            if group > 1:
+                cache.batch_repeat_interleave(group)
+            preallocate(cache, room)
         logits = output.logits[:, -1, :].repeat_interleave(group, dim=0)  # [N, V]
         return logits, cache, positions[:, -1:].repeat_interleave(group, dim=0)
 
@@ -245,6 +247,7 @@ class HFGenerateBackend:
             position_ids=positions,
             use_cache=True,
             **{self._cache_keyword: cache},
+            **({"shared_prompt_cache": cache} if shares_prompt_cache(model) else {}),  # read by its attention function
         )
         return output.logits[:, -1, :]
 

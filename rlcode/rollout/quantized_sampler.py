@@ -37,6 +37,7 @@ to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format i
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 from rlcode.errors import SettingError
+from rlcode.rollout.shared_prompt_cache import use_shared_prompt_attention
 from rlcode.rollout.vllm.weights import (_named_sources, adapters_disabled, checkpoint_name, is_peft_model,
                                          streamed_weights)
 
@@ -136,6 +138,7 @@ def quantized_copy(policy: nn.Module, fp32_layers: tuple[str, ...] = FP32_LAYERS
             continue
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, quantized)
+    use_shared_prompt_attention(model)
     return model.eval(), fallbacks
 
 
@@ -182,7 +185,7 @@ def dense_copy(policy: nn.Module) -> nn.Module:
     """
     base = policy.get_base_model() if is_peft_model(policy) else policy
     with torch.device("meta"):
-        skeleton = type(base)(base.config)
+        skeleton = type(base)(copy.deepcopy(base.config))  # its own config: the attention set below is the copy's
     weights = _dequantized_weights(policy) if _has_4bit_weights(policy) else dict(streamed_weights(policy))
     if any(tensor.dtype != torch.float32 for tensor in weights.values()):
         weights = {name: tensor.float() for name, tensor in weights.items()}  # fbgemm packs fp32 weights only
