@@ -92,7 +92,7 @@ def test_the_layer_writes_generated_tokens_in_place_and_counts_the_prompt(tensor
         assert layer.get_mask_sizes(1) == (PREFIX + step + 2, 0)
     assert torch.equal(keys, suffix_keys) and torch.equal(values, suffix_values)
     assert layer._key_buffer.data_ptr() == buffer  # no reallocation while decoding
-    with pytest.raises(RuntimeError, match="holds 5 generated tokens"):
+    with pytest.raises(RuntimeError, match="holds 5 tokens"):
         layer.update(suffix_keys[:, :, :1], suffix_values[:, :, :1])
 
 

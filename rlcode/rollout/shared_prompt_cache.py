@@ -35,65 +35,48 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlcode.rollout.kv_cache import PreallocatedLayer
+
 SHARED_PROMPT_ATTENTION = "rlcode_shared_prompt"
 
 
-class SharedPromptLayer(DynamicLayer):
-    """One layer's cache: the prompts' keys/values once each, every row's generated tokens in place.
+class SharedPromptLayer(PreallocatedLayer):
+    """One layer's cache: the prompts' keys/values once each (``prefix_keys``/``prefix_values``), and
+    every row's generated tokens written in place (``PreallocatedLayer``'s buffers, which transformers
+    sees as ``keys``/``values``).
 
     ``slots`` maps each live row to ``prompt * group + member`` (its prompt's index in the prefix and
     its place in the group), the layout the grouped attention scatters queries into.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, group: int, room: int) -> None:
-        super().__init__()
         prompts, heads, _, head_dim = keys.shape  # [U, kv heads, P, D]
+        super().__init__(keys.new_empty(prompts * group, heads, 0, head_dim),
+                         values.new_empty(prompts * group, heads, 0, values.shape[-1]), room)
         self.prefix_keys, self.prefix_values, self.group = keys, values, group
-        self._key_buffer = keys.new_empty(prompts * group, heads, room, head_dim)  # [B, kv heads, room, D]
-        self._value_buffer = values.new_empty(prompts * group, heads, room, values.shape[-1])
-        self.suffix_length = 0
         self.slots = torch.arange(prompts * group, device=keys.device)
-        self.device, self.is_initialized = keys.device, True
-        self._expose()
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        start, end = self.suffix_length, self.suffix_length + key_states.shape[-2]
-        if end > self._key_buffer.shape[-2]:
-            raise RuntimeError(f"the shared-prompt cache holds {self._key_buffer.shape[-2]} generated tokens; "
-                               f"decoding asked for {end}")
-        self._key_buffer[:, :, start:end] = key_states
-        self._value_buffer[:, :, start:end] = value_states
-        self.suffix_length = end
-        self._expose()
-        return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.prefix_keys.shape[-2] + self.suffix_length
+        return self.prefix_keys.shape[-2] + self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows at ``indices``; drop the prompts none of them belongs to."""
-        self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+        super().batch_select_indices(indices)
         slots = self.slots[indices]
         prompts, members = slots // self.group, slots % self.group
         live, renumbered = torch.unique(prompts, return_inverse=True)  # sorted: prompts keep their order
         if len(live) < self.prefix_keys.shape[0]:
             self.prefix_keys, self.prefix_values = self.prefix_keys[live], self.prefix_values[live]
         self.slots = renumbered * self.group + members
-        self._expose()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("a shared-prompt cache is built already grouped (share_prompt_cache)")
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a shared-prompt cache does not crop")
-
-    def _expose(self) -> None:
-        """``keys``/``values`` as transformers reads them: the rows' generated tokens (the suffix)."""
-        self.keys = self._key_buffer[:, :, : self.suffix_length]
-        self.values = self._value_buffer[:, :, : self.suffix_length]
 
 
 def share_prompt_cache(cache, group: int, room: int) -> bool:
