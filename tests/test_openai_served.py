@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from test_code_game_predictions import ScriptedLearner, pool  # noqa: F401  (the sandbox fixture)
+
 pytestmark = [pytest.mark.served, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,3 +179,20 @@ def test_rlcode_eval_generate_samples_and_scores_in_one_command(server, tmp_path
     results = [json.loads(line) for line in (tmp_path / "served_results.jsonl").read_text().splitlines()]
     assert len(results) == 3 and all("passed" in row and row["model"] == MODEL for row in results)
     assert any("def " in row["completion"] for row in results)  # SmolLM2 writes Python for MBPP prompts
+
+
+def test_the_code_games_predictor_seat_played_by_the_real_server(server, pool):  # noqa: F811
+    """The code game with its predictor served by llama.cpp (SmolLM2 here; the recipe's predictor is a
+    GGUF too): K real answers per valid program, each parsed by the game's format and judged."""
+    from rlcode.modes import CodeGame
+
+    mode = CodeGame(opponent="served", opponent_server={"base_url": server, "model": MODEL, "api": "chat"},
+                    opponent_tokenizer="smollm2-135m-instruct", opponent_max_new_tokens=16, opponent_temperature=0.0,
+                    predictions_per_program=2, num_generations=2, program_timeout=5.0)
+    learner = ScriptedLearner(pool, ["```python\nprint(6 * 7)\n```"] * 2, [], max_new_tokens=64)
+    mode.configure(learner)
+    experience = mode.collect(learner, {"text": ["numbers"]})
+    predictions = [[turn for turn in episode.turns if turn.player == 1] for episode in experience.episodes]
+    assert [len(turns) for turns in predictions] == [2, 2]
+    for turn in (turn for turns in predictions for turn in turns):
+        assert isinstance(turn.info["correct"], bool) and turn.info["expected"] == "42"
