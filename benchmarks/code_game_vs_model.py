@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 for reward in args.rewards:
                     run, minutes, code = fit(reward, seed, root, extra)
+                    if code != 0:  # its own error is above; there are no games to read
+                        sys.exit(f"code_game_vs_model: the {reward} seed {seed} fit exited with {code} "
+                                 f"(its error is printed above); fix it and rerun")
                     result = {**run_result(run, reward, seed, round(minutes, 1)), "exit_code": code}
                     (run / "result.json").write_text(json.dumps(result, indent=1))
         report = [json.loads(p.read_text()) for p in sorted(root.glob("*-seed*/result.json"))]

@@ -72,3 +72,10 @@ def test_the_recipe_names_the_benchmarks_predictor_and_budget():
     mode = recipe["model"]["mode"]["init_args"]
     assert mode["opponent"] == "model" and mode["opponent_model"] == bench.PREDICTOR
     assert mode["opponent_max_new_tokens"] == bench.BUDGET and mode["writer_reward"] == "learnability"
+
+
+def test_a_fit_that_fails_stops_the_runs_with_its_exit_code_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "fit", lambda reward, seed, root, extra: (root / f"{reward}-seed{seed}", 0.1, 2))
+    with pytest.raises(SystemExit, match="the learnability seed 0 fit exited with 2"):
+        bench.main(["runs", str(tmp_path), "--seeds", "0", "--rewards", "learnability"])
+    assert not list(tmp_path.rglob("result.json"))
