@@ -140,3 +140,6 @@ def test_the_int8_copy_decodes_with_shared_prefixes_and_the_policy_keeps_sdpa():
     eager = load_model("tiny-random").eval()
     eager.config._attn_implementation = "eager"
     assert not use_shared_prompt_attention(eager)  # a user's other attention choice stays
+    other = load_model("tiny-random").eval()
+    other.config.model_type = "gemma2"  # soft-capped attention: the grouped attention would drop the cap
+    assert not use_shared_prompt_attention(other) and other.config._attn_implementation == "sdpa"

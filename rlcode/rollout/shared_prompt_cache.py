@@ -99,11 +99,19 @@ def shares_prompt_cache(model) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == SHARED_PROMPT_ATTENTION
 
 
+# Architectures whose attention is plain scaled dot-product over the cache (what the grouped attention
+# computes). Others may add terms it would drop (soft-capping, attention sinks, position biases), so
+# they keep SDPA and the per-row cache.
+PLAIN_ATTENTION_MODELS = ("llama", "mistral", "qwen2", "qwen3")
+
+
 def use_shared_prompt_attention(model) -> bool:
-    """Switch a model that uses SDPA to the shared-prompt attention (SDPA outside decode steps)."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return False  # eager, flash or a custom kernel: the user's choice stays
-    model.config._attn_implementation = SHARED_PROMPT_ATTENTION
+    """Switch a plain-attention model that uses SDPA to the shared-prompt attention (SDPA outside decode
+    steps); any other model is left as it is (False)."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa" or config.model_type not in PLAIN_ATTENTION_MODELS:
+        return False  # eager, flash or a custom kernel is the user's choice; other architectures keep SDPA
+    config._attn_implementation = SHARED_PROMPT_ATTENTION
     return True
 
 
