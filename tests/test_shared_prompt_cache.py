@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from rlcode.models import load_model, load_tokenizer
 from rlcode.rollout import HFGenerateBackend
 from rlcode.rollout.quantized_sampler import quantized_copy
-from rlcode.rollout.shared_prompt_cache import (SHARED_PROMPT_ATTENTION, SharedPromptLayer, grouped_decode_attention,
-                                          shares_prompt_cache, use_shared_prompt_attention)
+from rlcode.rollout.shared_prompt_cache import (SHARED_PROMPT_ATTENTION, SharedPromptLayer, group_mask,
+                                          grouped_decode_attention, shares_prompt_cache, use_shared_prompt_attention)
 
 PROMPTS, GROUP, KV_HEADS, PER_KV, PREFIX, SUFFIX, HEAD_DIM = 3, 4, 2, 3, 11, 5, 16
 ROWS = PROMPTS * GROUP
@@ -62,7 +62,7 @@ def test_grouped_attention_equals_sdpa_over_the_per_row_cache(tensors, mask_kind
     reference, scores, values = sdpa_reference(query, prefix_keys, prefix_values, suffix_keys, suffix_values, mask,
                                                rows, rows // GROUP)
     output = grouped_decode_attention(query, prefix_keys, prefix_values, suffix_keys, suffix_values, rows, GROUP,
-                                      mask, HEAD_DIM ** -0.5)
+                                      group_mask(mask, rows, PROMPTS, GROUP, PER_KV), HEAD_DIM ** -0.5)
     assert output.shape == reference.shape == (ROWS, 1, KV_HEADS * PER_KV, HEAD_DIM)
     assert (output - reference).abs().max() <= reordering_bound(scores, values)
 
@@ -78,7 +78,8 @@ def test_rows_and_a_whole_prompt_that_finished_leave_the_attention(tensors):
     reference, scores, values = sdpa_reference(query, prefix_keys, prefix_values, suffix_keys, suffix_values, mask,
                                                live, live // GROUP)
     output = grouped_decode_attention(query[live], layer.prefix_keys, layer.prefix_values, layer.keys, layer.values,
-                                      layer.slots, GROUP, mask[live], HEAD_DIM ** -0.5)
+                                      layer.slots, GROUP, group_mask(mask[live], layer.slots, 2, GROUP, PER_KV),
+                                      HEAD_DIM ** -0.5)
     assert (output - reference).abs().max() <= reordering_bound(scores, values)
 
 

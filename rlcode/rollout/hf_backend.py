@@ -29,7 +29,7 @@ from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.kv_cache import preallocate
 from rlcode.rollout.quantized_sampler import QuantizedSampler, RolloutPrecision, precision_refusal, sampling_logps
 from rlcode.rollout.sampling import next_tokens
-from rlcode.rollout.shared_prompt_cache import share_prompt_cache, shares_prompt_cache
+from rlcode.rollout.shared_prompt_cache import SharedPromptStep, share_prompt_cache, shares_prompt_cache
 from rlcode.rollout.stop_strings import StopStringMatcher
 
 
@@ -247,7 +247,7 @@ class HFGenerateBackend:
             position_ids=positions,
             use_cache=True,
             **{self._cache_keyword: cache},
-            **({"shared_prompt_cache": cache} if shares_prompt_cache(model) else {}),  # read by its attention function
+            **({"shared_prompt_step": SharedPromptStep(cache)} if shares_prompt_cache(model) else {}),
         )
         return output.logits[:, -1, :]
 

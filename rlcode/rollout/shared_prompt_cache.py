@@ -2,16 +2,16 @@
 
 A GRPO rollout decodes G completions of the same prompt side by side. transformers' cache holds a copy
 of the prompt's keys and values per row, and every decode step's attention streams all of them: with
-G = 4 and a 200-token prompt that is four reads of the same bytes per layer per token, and on a CPU
-that read, not the arithmetic, sets the attention's time once the weights are int8. Here the prompt's
+G = 4 and a 200-token prompt that is four reads of the same bytes per layer per token, and G times the
+rows in each small matmul over them, a third of the int8 copy's decode step. Here the prompt's
 keys and values are kept once per prompt (the *prefix*); each row keeps only the tokens it generated
 (the *suffix*, written in place into a buffer with room for the whole completion, as ``kv_cache``
 does). A step's attention then scores the group's queries against their prompt in one matmul per
 prompt and key/value head (the prompt's keys are read once for G x heads-per-key-head query rows),
 scores each row's suffix, takes one softmax over both (the same normalisation as over the
 concatenation) and sums the two weighted values. On SmolLM2 (4 prompts x 4 rows, 200-token prompts,
-1 thread) the int8 copy's decode step fell from 53.4 to about 47 ms (``benchmarks/rollout_speed.py
---decode-step``).
+1 thread, quiet machine) the int8 copy's decode step fell from 52.4 to 45.7 ms
+(``benchmarks/rollout_speed.py --decode-step``).
 
 The result equals SDPA's over the full cache up to float rounding (the sums run in another order:
 tested within a bound derived from the fp32 epsilon), not bit for bit, so it is used only by a sampler
@@ -21,8 +21,9 @@ prefix, so its keys are no longer read.
 
 How it plugs into transformers: the copy's attention implementation is ``SHARED_PROMPT_ATTENTION``, a
 registered function that runs SDPA for anything that is not a decode step over a ``SharedPromptLayer``
-(the prefill, a layer of another cache type), and the backend passes the cache to it as the
-``shared_prompt_cache`` keyword, which transformers forwards from the model call to every attention call.
+(the prefill, a layer of another cache type). The backend passes it a ``SharedPromptStep`` (the cache,
+and the step's mask in the grouped layout, built by the first layer and reused by the others) as the
+``shared_prompt_step`` keyword, which transformers forwards from the model call to every attention call.
 """
 
 from __future__ import annotations
@@ -115,6 +116,37 @@ def use_shared_prompt_attention(model) -> bool:
     return True
 
 
+class SharedPromptStep:
+    """What one decode step's attention calls share: the cache, and its mask in the grouped layout
+    (every layer gets the same mask and the same rows, so the first layer builds it for all)."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+        self._mask, self._grouped_mask = None, None
+
+    def layer(self, index: int):
+        layers = getattr(self.cache, "layers", None)
+        return None if layers is None else layers[index]
+
+    def grouped_mask(self, mask: torch.Tensor | None, layer: SharedPromptLayer, per_kv: int) -> torch.Tensor | None:
+        if mask is not self._mask:  # the model's mask for this step (held here, so its identity is unique)
+            self._mask = mask
+            self._grouped_mask = group_mask(mask, layer.slots, layer.prefix_keys.shape[0], layer.group, per_kv)
+        return self._grouped_mask
+
+
+def group_mask(mask: torch.Tensor | None, slots: torch.Tensor, prompts: int, group: int,
+               per_kv: int) -> torch.Tensor | None:
+    """[B, 1, 1, P + S] (bool, True: attend; or additive float) -> [U, 1, G*R, P + S], the layout of
+    ``grouped_decode_attention``'s scores; a finished row's slot attends everywhere (its scores are
+    never read). None stays None."""
+    if mask is None:
+        return None
+    rows, width = mask.shape[0], mask.shape[-1]
+    per_row = mask.reshape(rows, 1, 1, width).expand(rows, 1, per_kv, width)  # [B, 1, R, P + S]
+    return _to_groups(per_row, slots, prompts, group, fill=True if mask.dtype == torch.bool else 0.0)
+
+
 def grouped_decode_attention(
     query: torch.Tensor,  # [B, Hq, 1, D]: one new token per live row
     prefix_keys: torch.Tensor,  # [U, Hkv, P, D]: each live prompt once
@@ -123,7 +155,7 @@ def grouped_decode_attention(
     suffix_values: torch.Tensor,  # [B, Hkv, S, D]
     slots: torch.Tensor,  # [B]: prompt * group + member of each row
     group: int,
-    mask: torch.Tensor | None,  # [B, 1, 1, P + S] bool (True: attend) or additive float; None: all
+    grouped_mask: torch.Tensor | None,  # [U, 1, G*R, P + S] from ``group_mask``; None: attend to all
     scale: float,
 ) -> torch.Tensor:  # [B, 1, Hq, D]
     rows, query_heads, _, head_dim = query.shape
@@ -139,13 +171,10 @@ def grouped_decode_attention(
     prefix_scores = torch.matmul(to_groups(q), prefix_keys.transpose(-1, -2))  # [U, Hkv, G*R, P]
     suffix_scores = torch.matmul(q, suffix_keys.transpose(-1, -2))  # [B, Hkv, R, S]
     scores = torch.cat([prefix_scores, to_groups(suffix_scores)], dim=-1)  # [U, Hkv, G*R, P + S]
-    if mask is not None:
-        per_row = mask.reshape(rows, 1, mask.shape[-1]).expand(rows, per_kv, mask.shape[-1])  # [B, R, P + S]
-        grouped_mask = to_groups(per_row.unsqueeze(1), fill=True if mask.dtype == torch.bool else 0.0)
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~grouped_mask, float("-inf"))
-        else:
-            scores = scores + grouped_mask
+    if grouped_mask is not None and grouped_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~grouped_mask, float("-inf"))
+    elif grouped_mask is not None:
+        scores = scores + grouped_mask
     weights = scores.softmax(dim=-1)
 
     from_prefix = to_rows(torch.matmul(weights[..., :prefix], prefix_values))  # [B, Hkv, R, D]
@@ -172,16 +201,20 @@ def _to_rows(grouped: torch.Tensor, slots, prompts: int, group: int) -> torch.Te
 
 
 def shared_prompt_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                            scaling: float | None = None, shared_prompt_cache=None, **kwargs):
+                            scaling: float | None = None, shared_prompt_step: SharedPromptStep | None = None,
+                            **kwargs):
     """transformers' attention-function signature: the grouped decode attention for a decode step over
-    a ``SharedPromptLayer`` (``shared_prompt_cache``: the cache), SDPA for everything else."""
-    layer = None if shared_prompt_cache is None else shared_prompt_cache.layers[module.layer_idx]
+    a ``SharedPromptLayer`` (``shared_prompt_step``: the step's cache and grouped mask), SDPA for
+    everything else."""
+    layer = None if shared_prompt_step is None else shared_prompt_step.layer(module.layer_idx)
     if not isinstance(layer, SharedPromptLayer) or query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    per_kv = query.shape[1] // key.shape[1]
     output = grouped_decode_attention(query, layer.prefix_keys, layer.prefix_values, key, value, layer.slots,
-                                      layer.group, attention_mask, scale)
+                                      layer.group, shared_prompt_step.grouped_mask(attention_mask, layer, per_kv),
+                                      scale)
     return output, None
 
 
