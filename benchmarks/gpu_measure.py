@@ -16,7 +16,7 @@ class StepClock:
 
         class Clock(L.Callback):
             def __init__(self) -> None:
-                self.ends, self.tokens = [], []
+                self.ends, self.tokens, self.stages = [], [], []
 
             def on_train_start(self, trainer, module) -> None:
                 self.started = time.perf_counter()
@@ -24,9 +24,12 @@ class StepClock:
             def on_train_batch_end(self, trainer, module, *args) -> None:
                 self.ends.append(time.perf_counter())
                 self.tokens.append(sum(module.last_step.completion_lengths) if module.last_step else 0)
+                timings = module.last_step.timings if module.last_step else {}
+                self.stages.append({stage: round(seconds, 3) for stage, seconds in timings.items()})
 
             def summary(self) -> dict:
-                return throughput([self.started, *self.ends], self.tokens)
+                """Tokens/s, and where each step's time went (the Learner's stage timings)."""
+                return {**throughput([self.started, *self.ends], self.tokens), "stage_s": self.stages}
 
         return Clock()
 

@@ -43,6 +43,17 @@ def test_the_dry_run_runs_every_check(tmp_path, monkeypatch):
     assert checks["fsdp"]["devices"] == 2  # sharded over 2 CPU processes in the dry run
     assert checks["fp16_mixed"]["precision"] == "bf16-mixed"  # no fp16 autocast on the CPU
     assert checks["shared_prefix"]["max_abs_logp_difference"] < 0.1  # bf16 autocast rounding; a wrong pass is off by nats
+    assert set(checks["grpo_bf16"]["stage_s"][0]) >= {"generation", "update", "step"}  # where the step's time went
+    generation = checks["generation"]
+    assert 0 < generation["rlcode_loop_tokens"] <= generation["rows"] * generation["new_tokens"]
+    assert generation["rlcode_loop_s"] > 0 and generation["generate_s"] > 0
+    linears = checks["quantized_linears"]
+    assert linears["int8_sampler"] == "runs here (CPU)"
+    # Both operands rounded to e4m3 (3 mantissa bits: <= 2^-4 relative each) put a product within
+    # (1 + 2^-4)^2 - 1 of its value; int8's 127 levels per row are finer. A wrong scale or layout is off by O(1).
+    bound = (1 + 2**-4) ** 2 - 1
+    for kind in ("fp8", "int8"):
+        assert 0 < linears[f"{kind}_rows32_relative_error"] < bound, kind
     vllm = checks["vllm"]
     assert vllm["smoke"] == "needs CUDA: not run" and vllm["tokens"] > 0
     assert 0 < vllm["importance_weight_min"] <= vllm["importance_weight_mean"] <= 3.0
