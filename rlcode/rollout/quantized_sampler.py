@@ -31,8 +31,10 @@ the embedding in SmolLM2) is quantized: a separate int8 copy of the tied matrix 
 head ~10x cheaper (49152 x 576, a fifth of all weights) for a small share of the mismatch (1.73 ->
 1.91 with 7-bit activations and the down projections int8).
 
-On a GPU: torch's dynamic quantization has no CUDA kernels and torch 2.13 documents no int8/fp8
-weight API for CUDA without extra packages (torchao), so ``int8`` is refused there. QLoRA (a 4-bit
+On a GPU: torch's dynamic quantization has no CUDA kernels, and torch's own fp8/int8 matmuls
+(``_scaled_mm``, ``_int_mm``) made a decode step's linears slower, not faster, on an H200 (a 1.5B
+model's, 16-32 rows: bf16 3.0 ms, fp8 19 ms, int8 26 ms; ``benchmarks/gpu_check.py``'s
+``quantized_linears``), so ``int8`` is refused there. QLoRA (a 4-bit
 NF4 base): each base weight is dequantized (bitsandbytes), the adapters' deltas added, then quantized
 to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format is not fbgemm's).
 """
