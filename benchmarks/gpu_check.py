@@ -1,9 +1,10 @@
 """One command for a lent GPU machine (one H100 or H200, no network, ~15 minutes): what rlcode's GPU path does.
 
-Runs the checks of ``gpu_check_cases.py`` one after another, each in a process of its own with its own
-time budget: a check that fails or outlasts its budget is reported as such (its process group killed)
-and the rest still run, so one lease always comes back with every answer it could get. A whole-run
-budget (``--total-budget``) caps the sum: a check gets what is left when that is less than its own.
+Runs the checks of ``gpu_check_cases.py`` and ``gpu_check_decoding.py`` one after another, each in a
+process of its own with its own time budget: a check that fails or outlasts its budget is reported as
+such (its process group killed) and the rest still run, so one lease always comes back with every
+answer it could get. A whole-run budget (``--total-budget``) caps the sum: a check gets what is left
+when that is less than its own.
 Its own process per check also gives each its own peak GPU memory and frees the GPU between checks.
 
 First comes the platform line (the GPU, the precision and the platform profile ``rlcode fit`` picks
@@ -47,8 +48,7 @@ P5_GOAL = {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.5}
 
 def run_checks(args: argparse.Namespace) -> dict:
     """Every check in its own process, in order; the results dict written to ``args.out``."""
-    import gpu_check_cases as cases
-
+    needs_no_model = checks_registry()[1]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "gpu_check.log"
@@ -58,7 +58,7 @@ def run_checks(args: argparse.Namespace) -> dict:
     with log_path.open("a") as log:
         for name in args.checks:
             left = deadline - time.monotonic()
-            if name not in cases.NEEDS_NO_MODEL and results["checks"].get("model", {}).get("status") not in (None, "ok"):
+            if name not in needs_no_model and results["checks"].get("model", {}).get("status") not in (None, "ok"):
                 outcome = {"status": "skipped", "reason": "the model folder was not built"}
             elif left <= 0:
                 outcome = {"status": "not_run", "reason": f"the whole run's budget ({args.total_budget} s) was spent"}
@@ -105,10 +105,10 @@ def run_one(name: str, budget_s: float, args: argparse.Namespace, log) -> dict:
 
 def run_child(args: argparse.Namespace) -> int:
     """One check in this process: its figures, ``status`` ok / skipped / error, as JSON at ``args.result``."""
-    import gpu_check_cases as cases
-
     try:
-        outcome = cases.CHECKS[args.child](cases.Setup(args))
+        from gpu_check_cases import Setup
+
+        outcome = checks_registry()[0][args.child](Setup(args))
         outcome = {"status": "skipped", "reason": outcome["skipped"]} if "skipped" in outcome else {"status": "ok", **outcome}
     except Exception as error:  # noqa: BLE001 - the parent reports it and goes on with the other checks
         traceback.print_exc()
@@ -116,6 +116,15 @@ def run_child(args: argparse.Namespace) -> int:
     if os.environ.get("LOCAL_RANK", "0") == "0":  # the FSDP check's other ranks re-run this command
         Path(args.result).write_text(json.dumps(outcome))
     return 0 if outcome["status"] != "error" else 1
+
+
+def checks_registry() -> tuple[dict, set]:
+    """Every check by name, and those that need no model folder (imported late: ``main`` puts this
+    folder on the path first)."""
+    import gpu_check_cases as cases
+    import gpu_check_decoding as decoding
+
+    return {**cases.CHECKS, **decoding.CHECKS}, cases.NEEDS_NO_MODEL | decoding.NEEDS_NO_MODEL
 
 
 def p5_figure(checks: dict) -> dict:
@@ -166,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_cases, gpu_vllm_smoke beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the checks' modules, gpu_vllm_smoke beside this file
     args = parse_args(argv)
     if args.child:
         return run_child(args)

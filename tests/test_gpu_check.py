@@ -90,3 +90,9 @@ def test_the_p5_figure_compares_rlcode_with_trl_on_the_same_steps():
 def test_a_budget_for_an_unknown_check_is_one_line():
     with pytest.raises(SystemExit, match="expected CHECK=SECONDS with CHECK one of platform"):
         gpu_check.main(["--dry-run", "--budget", "grpo=3"])
+
+
+def test_every_budgeted_check_exists_and_every_check_has_a_budget():
+    checks, needs_no_model = gpu_check.checks_registry()
+    assert set(checks) == set(gpu_check.BUDGETS_S)
+    assert needs_no_model <= set(checks)

@@ -1,0 +1,139 @@
+"""The GPU check's decoding checks (``gpu_check.py`` runs them beside ``gpu_check_cases.py``'s):
+
+- ``generation``: rlcode's HF backend against transformers' ``generate()`` (the peer TRL uses) on the
+  same 16 rows (4 prompts x 4) of up to 128 new tokens, bf16 weights, sampling at T 1 (``generate()``
+  is held to all 128; the loop ends a row at a sampled EOS, so its tokens are counted): seconds each,
+  and the loop's busiest operations (torch profiler, a few decode steps) when it is over 1.2x slower.
+- ``quantized_linears``: what ``model.rollout_precision`` could use on this GPU. rlcode's ``int8``
+  sampler is CPU-only (torch's dynamic quantization has no CUDA kernels; the line records its refusal),
+  so this times one decode step's linears of the model (28 layers' q/k/v/o/gate/up/down and the head,
+  16 and 32 rows) in bf16 against torch's fp8 ``_scaled_mm`` (e4m3, per-row scales) and int8
+  ``_int_mm`` (which needs more than 16 rows), each an available / error line, and their errors
+  against bf16 on the same inputs: whether quantized weights would make GPU decoding faster at all.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpu_check_cases import Setup, prompt_rows
+from gpu_measure import free_memory, sync
+
+
+def check_generation(setup: Setup) -> dict:
+    """rlcode's decoding loop vs ``model.generate()`` on the same rows: seconds, and a profile of the loop."""
+    import torch
+
+    from rlcode.models import load_model, load_tokenizer
+    from rlcode.rollout import SamplingParams, render_prompt
+    from rlcode.rollout.hf_backend import HFGenerateBackend
+
+    device = torch.device("cuda" if setup.cuda else "cpu")
+    policy = load_model(str(setup.folder), precision="bf16-true").to(device).eval()
+    tokenizer = load_tokenizer(str(setup.folder))
+    prompts = [render_prompt(tokenizer, row["prompt"], chat=True) for row in prompt_rows(setup.prompts)]
+    backend = HFGenerateBackend(policy, tokenizer)
+    params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=setup.max_new_tokens)
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, padding=True, return_tensors="pt").to(device)
+    paths = {"rlcode_loop": lambda: backend.generate(prompts, setup.generations, params),
+             "generate": lambda: policy.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                                 num_return_sequences=setup.generations, min_new_tokens=setup.max_new_tokens,
+                                                 max_new_tokens=setup.max_new_tokens, pad_token_id=tokenizer.pad_token_id)}
+    result = {"rows": setup.prompts * setup.generations, "new_tokens": setup.max_new_tokens}
+    with torch.no_grad():
+        for name, path in [*paths.items(), *paths.items()]:  # the first of each warms up; the second is timed
+            sync()
+            started = time.perf_counter()
+            output = path()
+            sync()
+            result[f"{name}_s"] = round(time.perf_counter() - started, 3)
+            if name == "rlcode_loop":  # a random model may sample EOS: count what the loop decoded
+                result["rlcode_loop_tokens"] = int(output.completion_mask.sum())
+        result["rlcode_over_generate"] = round(result["rlcode_loop_s"] / result["generate_s"], 2)
+        if result["rlcode_over_generate"] > 1.2:
+            short = SamplingParams(temperature=1.0, seed=0, max_new_tokens=min(16, setup.max_new_tokens))
+            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if setup.cuda else [])
+            with torch.profiler.profile(activities=activities) as profiler:
+                backend.generate(prompts, setup.generations, short)
+                sync()
+            table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48)
+            print(table, flush=True)
+            result["rlcode_loop_profile"] = table[-3000:]
+    del backend, policy
+    free_memory()
+    return result
+
+
+def check_quantized_linears(setup: Setup) -> dict:
+    """One decode step's linears in bf16, fp8 (``torch._scaled_mm``) and int8 (``torch._int_mm``): time and error."""
+    import torch
+
+    from rlcode.rollout.quantized_sampler import device_refusal
+
+    device = torch.device("cuda" if setup.cuda else "cpu")
+    shape = setup.shape
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    kv = hidden // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inter, hidden), (inter, hidden),
+             (hidden, inter)]  # (out, in) of q, k, v, o, gate, up, down
+    shapes = layer * shape["num_hidden_layers"] + [(shape["vocab_size"], hidden)]
+    generator = torch.Generator(device=device).manual_seed(0)
+    weights = [torch.randn(out, inp, generator=generator, device=device, dtype=torch.bfloat16) * inp ** -0.5
+               for out, inp in shapes]
+    result = {"int8_sampler": device_refusal(device) or "runs here (CPU)",
+              "weight_gb_bf16": round(sum(w.numel() for w in weights) * 2 / 2**30, 3)}
+
+    def fp8(w):
+        scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        return (w.float() / scale).to(torch.float8_e4m3fn), scale.t().contiguous()
+
+    def int8(w):
+        scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        return (w.float() / scale).round().to(torch.int8).t().contiguous(), scale.t().contiguous()
+
+    def run_fp8(x, packed):
+        w8, w_scale = packed
+        x_scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        x8 = (x.float() / x_scale).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+
+    def run_int8(x, packed):
+        w8, w_scale = packed
+        x_scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        x8 = (x.float() / x_scale).round().to(torch.int8)
+        return (torch._int_mm(x8, w8).float() * x_scale * w_scale).to(torch.bfloat16)
+
+    kinds = {"bf16": (lambda w: w, lambda x, w: torch.nn.functional.linear(x, w)),
+             "fp8": (fp8, run_fp8), "int8": (int8, run_int8)}
+    for rows in (16, 32):
+        inputs = [torch.randn(rows, w.size(1), generator=generator, device=device, dtype=torch.bfloat16)
+                  for w in weights]
+        reference = None
+        for kind, (pack, run) in kinds.items():
+            key = f"{kind}_rows{rows}"
+            try:
+                packed = [pack(w) for w in weights]
+                outputs = [run(x, p) for x, p in zip(inputs, packed)]  # warm-up, and the error below
+                sync()
+                repeats = 2 if setup.dry_run else 20
+                started = time.perf_counter()
+                for _ in range(repeats):
+                    for x, p in zip(inputs, packed):
+                        run(x, p)
+                sync()
+                result[f"{key}_ms"] = round((time.perf_counter() - started) / repeats * 1000, 3)
+                if reference is None:
+                    reference = outputs
+                else:
+                    errors = [((o.float() - r.float()).norm() / r.float().norm()).item() for o, r in zip(outputs, reference)]
+                    result[f"{key}_relative_error"] = round(max(errors), 4)
+                del packed, outputs
+            except Exception as error:  # noqa: BLE001 - an unsupported kind is an answer, not a failure
+                result[f"{key}_error"] = f"{type(error).__name__}: {error}"[:300]
+        free_memory()
+    return result
+
+
+CHECKS = {"generation": check_generation, "quantized_linears": check_quantized_linears}
+NEEDS_NO_MODEL = {"quantized_linears"}
