@@ -153,7 +153,7 @@ VERSIONS_OF = ["torch", "transformers", "huggingface-hub", "lightning", "peft", 
 
 def check_model(setup: Setup) -> dict:
     folder = build_model_folder(setup.folder, setup.shape)
-    return {"folder": str(folder), "parameters": _parameter_count(setup.shape)}
+    return {"folder": folder.name, "parameters": _parameter_count(setup.shape)}
 
 
 def _parameter_count(shape: dict) -> int:
