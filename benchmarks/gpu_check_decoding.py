@@ -84,23 +84,26 @@ def check_quantized_linears(setup: Setup) -> dict:
     result = {"int8_sampler": device_refusal(device) or "runs here (CPU)",
               "weight_gb_bf16": round(sum(w.numel() for w in weights) * 2 / 2**30, 3)}
 
+    def row_scales(t, largest: float):  # [rows, 1]: each row's absolute maximum maps to ``largest``
+        return t.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / largest
+
     def fp8(w):
-        scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        scale = row_scales(w, 448.0)  # e4m3's largest finite value
         return (w.float() / scale).to(torch.float8_e4m3fn), scale.t().contiguous()
 
     def int8(w):
-        scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        scale = row_scales(w, 127.0)
         return (w.float() / scale).round().to(torch.int8).t().contiguous(), scale.t().contiguous()
 
     def run_fp8(x, packed):
         w8, w_scale = packed
-        x_scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        x_scale = row_scales(x, 448.0)
         x8 = (x.float() / x_scale).to(torch.float8_e4m3fn)
         return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
 
     def run_int8(x, packed):
         w8, w_scale = packed
-        x_scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        x_scale = row_scales(x, 127.0)
         x8 = (x.float() / x_scale).round().to(torch.int8)
         return (torch._int_mm(x8, w8).float() * x_scale * w_scale).to(torch.bfloat16)
 
