@@ -23,9 +23,11 @@ the median step), with transformers' concatenating cache and with the backend's 
                  products a decode step cannot avoid, with the weights read from memory as in a step
 and the int8 sampler's step (`model.rollout_precision: int8`) against its own floor, measured the same
 way: every linear of the int8 copy once (the dynamic int8 ones, and the MLP down projections it keeps
-in fp32; the int8 ones alone are shown too). The int8 step runs twice: as it samples (each prompt's
-keys and values once per group, `rlcode.rollout.shared_prompt_cache`) and with SDPA over a per-row
-copy of the prompt (`int8, per-row prompts`, what it did before). `--group 1` gives every row its own
+in fp32; the int8 ones alone are shown too). The int8 step runs three ways: as it samples (`int8
+(shared, rlcode)`: each prompt's keys and values once per group, `rlcode.rollout.shared_prompt_cache`,
+and for a llama-family model the plain-tensor step `rlcode.rollout.llama_decode_step`), the same
+through the model's own forward (`int8, shared, forward`), and with SDPA over a per-row copy of the
+prompt (`int8, per-row prompts`). `--group 1` gives every row its own
 prompt (the decode-step figures before 2026-11-28 were measured so).
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
@@ -178,11 +180,12 @@ def _median_ms(call, repeats: int) -> float:
 
 
 def decode_steps_ms(backend: HFGenerateBackend, batch: int, group: int, context: int, steps: int, in_place: bool,
-                    model=None) -> list[float]:
+                    model=None, forward: bool = False) -> list[float]:
     """Times of the backend's decode step (`_decode_step`), `steps` times after a `context`-token
     prefill of `batch // group` prompts, each repeated for `group` rows, with transformers' cache or
     (`in_place`) the one the backend builds (`_prefill`: in place; the int8 copy's shares each
-    prompt's keys and values across its group); `model`: the model stepped (default the backend's)."""
+    prompt's keys and values across its group); `model`: the model stepped (default the backend's);
+    `forward`: through the model's own forward even where the backend takes the llama-family step."""
     model = backend.model if model is None else model
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size - 1, (batch // group, context), generator=generator)
@@ -200,7 +203,7 @@ def decode_steps_ms(backend: HFGenerateBackend, batch: int, group: int, context:
         for _ in range(steps):
             mask, positions = torch.cat([mask, mask.new_ones(batch, 1)], dim=-1), positions + 1
             start = time.perf_counter()
-            logits = backend._decode_step(model, tokens, mask, positions, cache)
+            logits = (backend._forward_step if forward else backend._decode_step)(model, tokens, mask, positions, cache)
             times.append(time.perf_counter() - start)
             tokens = logits.argmax(-1)
     return [seconds * 1e3 for seconds in times]
@@ -224,13 +227,15 @@ def decode_step_report(model_name: str, batch: int, group: int, context: int, st
         int8_floor = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers], repeats)
         int8_only = _median_ms(lambda: [m(inputs[m.in_features]) for m in int8_layers
                                         if isinstance(m, DynamicInt8Linear)], repeats)
-    stepped = {"transformers' cache": (model, False), "in-place cache": (model, True),
-               "int8, per-row prompts": (per_row_int8, True), "int8 (shared prompts)": (int8, True)}
+    stepped = {"transformers' cache": (model, False, True), "in-place cache": (model, True, True),
+               "int8, per-row prompts": (per_row_int8, True, True), "int8, shared, forward": (int8, True, True),
+               "int8 (shared, rlcode)": (int8, True, False)}
     step = {name: [] for name in stepped}
     for repeat in range(repeats):  # interleaved, the order alternating, so load changes hit all alike
         for name in list(step)[:: -1 if repeat % 2 else 1]:
-            stepped_model, in_place = stepped[name]
-            step[name] += decode_steps_ms(backend, batch, group, context, steps, in_place, model=stepped_model)
+            stepped_model, in_place, forward = stepped[name]
+            step[name] += decode_steps_ms(backend, batch, group, context, steps, in_place, model=stepped_model,
+                                          forward=forward)
     print(f"\n{model_name}: decode step, batch {batch} ({batch // group} prompts x {group}), "
           f"context {context} -> {context + steps}, torch threads {torch.get_num_threads()}")
     print(f"  matmul bound   {bound:7.1f} ms  ({flops / 1e9:.2f} GFLOP at {hot_rate / 1e9:.1f} GFLOP/s, "

@@ -27,6 +27,7 @@ from rlcode.models.sharding import gathered
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.kv_cache import preallocate
+from rlcode.rollout.llama_decode_step import llama_decode_step, runs_llama_decode_step
 from rlcode.rollout.quantized_sampler import QuantizedSampler, RolloutPrecision, precision_refusal, sampling_logps
 from rlcode.rollout.sampling import next_tokens
 from rlcode.rollout.shared_prompt_cache import SharedPromptStep, share_prompt_cache, shares_prompt_cache
@@ -241,6 +242,12 @@ class HFGenerateBackend:
         return logits, cache, positions[:, -1:].repeat_interleave(group, dim=0)
 
     def _decode_step(self, model, tokens, attention_mask, positions, cache) -> torch.Tensor:
+        if runs_llama_decode_step(model, cache):  # the int8 copy of a llama-family model: fewer operator calls
+            return llama_decode_step(model, tokens, attention_mask, positions, cache)
+        return self._forward_step(model, tokens, attention_mask, positions, cache)
+
+    def _forward_step(self, model, tokens, attention_mask, positions, cache) -> torch.Tensor:
+        """One token per row through the model's own forward (any architecture, any cache)."""
         output = model(
             input_ids=tokens.unsqueeze(-1),
             attention_mask=attention_mask,
