@@ -6,7 +6,8 @@ products, ~2,500 operator calls a step at ~3 us each) as a third of it. This ste
 arithmetic as the model's forward, layer by layer, with fewer calls: torch's fused ``rms_norm`` for
 the norms' six operations, RoPE's rotate-half as one ``roll`` with the sine's first half negated
 (``x2 * -s`` is ``-x2 * s`` exactly), no decorators, hooks, output objects or mask building, and the
-step's mask grouped once for all layers. The logits are the forward's bit for bit (tested: an int8
+step's mask grouped once for all layers; the attention is the fused kernel's where it is built
+(``attention_kernel``), as in the forward. The logits are the forward's bit for bit (tested: an int8
 model's dynamic activation scales turn any rounding difference into a different quantized input, so
 "close" would hide a wrong operation).
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlcode.rollout.shared_prompt_cache import SharedPromptLayer, group_mask, grouped_decode_attention, shares_prompt_cache
+from rlcode.rollout.shared_prompt_cache import (SharedPromptLayer, fused_decode_attention, group_mask,
+                                                grouped_decode_attention, shares_prompt_cache)
 
 LLAMA_FAMILY = ("llama", "qwen2")
 
@@ -49,9 +51,8 @@ def llama_decode_step(model, tokens: torch.Tensor, attention_mask: torch.Tensor,
     first = cache.layers[0]
     attention = body.layers[0].self_attn
     per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
-    full = bool(attention_mask.all())  # no padding: attend everywhere (the forward's mask is all True)
-    mask = None if full else group_mask(attention_mask.bool()[:, None, None, :], first.slots,
-                                        first.prefix_keys.shape[0], first.group, per_kv)
+    row_mask = None if bool(attention_mask.all()) else attention_mask.bool()  # None: no padding
+    grouped_mask = None  # the torch attention's layout of row_mask, built once if the kernel does not apply
     rows, head_dim = tokens.shape[0], attention.head_dim
     for layer, layer_cache in zip(body.layers, cache.layers):
         attention, mlp = layer.self_attn, layer.mlp
@@ -60,8 +61,13 @@ def llama_decode_step(model, tokens: torch.Tensor, attention_mask: torch.Tensor,
         k = _rope(attention.k_proj(h).view(rows, 1, -1, head_dim).transpose(1, 2), cos, signed_sin)  # [B, Hkv, 1, D]
         v = attention.v_proj(h).view(rows, 1, -1, head_dim).transpose(1, 2)
         keys, values = layer_cache.update(k, v)  # [B, Hkv, S, D]: this row's generated tokens, the new one last
-        o = grouped_decode_attention(q, layer_cache.prefix_keys, layer_cache.prefix_values, keys, values,
-                                     layer_cache.slots, layer_cache.group, mask, attention.scaling)  # [B, 1, Hq, D]
+        o = fused_decode_attention(q, layer_cache, keys, values, row_mask, attention.scaling)  # [B, 1, Hq, D]
+        if o is None:
+            if row_mask is not None and grouped_mask is None:
+                grouped_mask = group_mask(row_mask[:, None, None, :], first.slots, first.prefix_keys.shape[0],
+                                          first.group, per_kv)
+            o = grouped_decode_attention(q, layer_cache.prefix_keys, layer_cache.prefix_values, keys, values,
+                                         layer_cache.slots, layer_cache.group, grouped_mask, attention.scaling)
         x = x + attention.o_proj(o.reshape(rows, 1, -1))
         h = _rms_norm(x, layer.post_attention_layernorm)
         x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))

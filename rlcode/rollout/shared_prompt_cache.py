@@ -31,11 +31,13 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlcode.rollout.attention_kernel import fused_attention_kernel
 from rlcode.rollout.kv_cache import PreallocatedLayer
 
 SHARED_PROMPT_ATTENTION = "rlcode_shared_prompt"
@@ -54,8 +56,16 @@ class SharedPromptLayer(PreallocatedLayer):
         prompts, heads, _, head_dim = keys.shape  # [U, kv heads, P, D]
         super().__init__(keys.new_empty(prompts * group, heads, 0, head_dim),
                          values.new_empty(prompts * group, heads, 0, values.shape[-1]), room)
-        self.prefix_keys, self.prefix_values, self.group = keys, values, group
+        self.prefix_keys, self.prefix_values, self.group = keys.contiguous(), values.contiguous(), group
         self.slots = torch.arange(prompts * group, device=keys.device)
+        self._transposed_keys = None  # the fused kernel's layout, made on its first use
+
+    def prefix_keys_transposed(self) -> torch.Tensor:
+        """[U, Hkv, D, P padded to a multiple of 16]: the prompts' keys as the fused kernel reads them."""
+        if self._transposed_keys is None:
+            padding = -self.prefix_keys.shape[-2] % 16
+            self._transposed_keys = F.pad(self.prefix_keys.transpose(-1, -2), (0, padding)).contiguous()
+        return self._transposed_keys
 
     def get_seq_length(self) -> int:
         return self.prefix_keys.shape[-2] + self.length
@@ -71,6 +81,8 @@ class SharedPromptLayer(PreallocatedLayer):
         live, renumbered = torch.unique(prompts, return_inverse=True)  # sorted: prompts keep their order
         if len(live) < self.prefix_keys.shape[0]:
             self.prefix_keys, self.prefix_values = self.prefix_keys[live], self.prefix_values[live]
+            if self._transposed_keys is not None:
+                self._transposed_keys = self._transposed_keys[live]
         self.slots = renumbered * self.group + members
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -182,6 +194,28 @@ def grouped_decode_attention(
     return (from_prefix + from_suffix).reshape(rows, query_heads, 1, head_dim).transpose(1, 2)
 
 
+def fused_decode_attention(query: torch.Tensor, layer: SharedPromptLayer, suffix_keys: torch.Tensor,
+                           suffix_values: torch.Tensor, row_mask: torch.Tensor | None,
+                           scale: float) -> torch.Tensor | None:
+    """``grouped_decode_attention`` by the fused CPU kernel (``attention_kernel``): query [B, Hq, 1, D],
+    the layer's prompts, suffix_keys/values [B, Hkv, S, D], row_mask [B, >= P] bool (True: attend; its
+    first P columns are the prompt's) or None -> [B, 1, Hq, D]. None where the kernel does not apply (not
+    built, not fp32 on CPU, rows out of prompt order), and the caller runs the torch attention."""
+    kernel = fused_attention_kernel()
+    if kernel is None or query.dtype != torch.float32 or query.device.type != "cpu":
+        return None
+    prompts = layer.slots // layer.group
+    if len(prompts) > 1 and bool((prompts[1:] < prompts[:-1]).any()):  # the kernel walks each prompt's rows
+        return None
+    rows, query_heads, _, head_dim = query.shape
+    kv_heads = suffix_keys.shape[1]
+    grouped_query = query.reshape(rows, kv_heads, query_heads // kv_heads, head_dim).contiguous()
+    mask = torch.empty(0, dtype=torch.bool) if row_mask is None else row_mask
+    output = kernel.shared_prompt_attention(grouped_query, layer.prefix_keys_transposed(), layer.prefix_values,
+                                            suffix_keys, suffix_values, prompts, mask, scale)
+    return output.reshape(rows, query_heads, 1, head_dim).transpose(1, 2)
+
+
 def _to_groups(per_row: torch.Tensor, slots, prompts: int, group: int, fill=0.0) -> torch.Tensor:
     """[B, H, R, X] (rows) -> [U, H, G*R, X] (each prompt's rows side by side; a finished row's slot
     holds ``fill``). H may be 1 (a mask shared by the heads)."""
@@ -211,6 +245,11 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention_mask is None or attention_mask.dtype == torch.bool:  # [B, 1, 1, P + S]: a row's mask
+        row_mask = None if attention_mask is None else attention_mask[:, 0, 0, :]
+        output = fused_decode_attention(query, layer, key, value, row_mask, scale)
+        if output is not None:
+            return output, None
     per_kv = query.shape[1] // key.shape[1]
     output = grouped_decode_attention(query, layer.prefix_keys, layer.prefix_values, key, value, layer.slots,
                                       layer.group, shared_prompt_step.grouped_mask(attention_mask, layer, per_kv),
