@@ -25,9 +25,10 @@ and the int8 sampler's step (`model.rollout_precision: int8`) against its own fl
 way: every linear of the int8 copy once (the dynamic int8 ones, and the MLP down projections it keeps
 in fp32; the int8 ones alone are shown too). The int8 step runs three ways: as it samples (`int8
 (shared, rlcode)`: each prompt's keys and values once per group, `rlcode.rollout.shared_prompt_cache`,
-and for a llama-family model the plain-tensor step `rlcode.rollout.llama_decode_step`), the same
-through the model's own forward (`int8, shared, forward`), and with SDPA over a per-row copy of the
-prompt (`int8, per-row prompts`). `--group 1` gives every row its own
+attended by the fused kernel of `rlcode.rollout.attention_kernel` where it is built, and for a
+llama-family model the plain-tensor step `rlcode.rollout.llama_decode_step`), the same through the
+model's own forward (`int8, shared, forward`), and with SDPA over a per-row copy of the prompt (`int8,
+per-row prompts`). `--group 1` gives every row its own
 prompt (the decode-step figures before 2026-11-28 were measured so).
 
     python benchmarks/rollout_speed.py --models tiny-random tiny-random-49k smollm2-135m-instruct
