@@ -321,6 +321,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                              step=lambda counted: update(optimizer, counted=counted),
                              world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),
                              least_over_ranks=ranks.least)
+        self._weights_changed()  # before too: the int8 sampler's copy (~110 MB) is freed for the update's peak
         parts = update_policy(self.policy, hooks, settings, rollout, loss_mask, advantages, ref_logps, rows, totals)
         self._weights_changed()
         return parts
