@@ -80,6 +80,17 @@ def test_rows_out_of_prompt_order_are_left_to_the_torch_attention():
     assert fused_decode_attention(query, layer, layer.keys, layer.values, None, 0.125) is None
 
 
+def test_the_kernel_refuses_prompt_indices_it_cannot_walk():
+    query, (prefix_keys, prefix_values, suffix_keys, suffix_values) = layer_inputs(64, 3)
+    layer = SharedPromptLayer(prefix_keys, prefix_values, GROUP, room=SUFFIX)
+    kernel = attention_kernel.fused_attention_kernel()
+    grouped_query = query.reshape(PROMPTS * GROUP, KV_HEADS, 3, 64)
+    for prompts in (torch.arange(PROMPTS * GROUP) // GROUP + 1, torch.arange(PROMPTS * GROUP).flip(0) // GROUP):
+        with pytest.raises(RuntimeError, match="rows in prompt order"):  # past the last prompt; out of order
+            kernel.shared_prompt_attention(grouped_query, layer.prefix_keys_transposed(), layer.prefix_values,
+                                           suffix_keys, suffix_values, prompts, torch.empty(0, dtype=torch.bool), 0.125)
+
+
 def test_without_a_compiler_one_log_line_and_the_torch_attention_decodes(monkeypatch, caplog):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions\nerror: no C++ compiler")

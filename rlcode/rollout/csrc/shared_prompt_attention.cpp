@@ -137,7 +137,10 @@ torch::Tensor shared_prompt_attention(torch::Tensor query, torch::Tensor prefix_
   const int64_t skb = suffix_keys.stride(0), skh = suffix_keys.stride(1), sks = suffix_keys.stride(2);
   const int64_t svb = suffix_values.stride(0), svh = suffix_values.stride(1), svs = suffix_values.stride(2);
   std::vector<int64_t> first(U + 1, B);  // rows [first[u], first[u + 1]) decode prompt u
-  for (int64_t b = B - 1; b >= 0; --b) first[prompt[b]] = b;
+  for (int64_t b = B - 1; b >= 0; --b) {
+    TORCH_CHECK(prompt[b] >= 0 && prompt[b] < U && (b == 0 || prompt[b - 1] <= prompt[b]), "rows in prompt order");
+    first[prompt[b]] = b;
+  }
   for (int64_t u = U - 1; u >= 0; --u) first[u] = std::min(first[u], first[u + 1]);
   const int64_t ld = Pp + S;
   at::parallel_for(0, U * H, 1, [&](int64_t begin, int64_t end) {
