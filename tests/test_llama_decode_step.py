@@ -1,11 +1,13 @@
 """The int8 sampler's llama-family decode step (``rlcode.rollout.llama_decode_step``): the logits of the
 model's own forward bit for bit, for a qwen2 (q/k/v biases) and a llama model, with left padding, rows
-and a whole prompt finishing; the backend takes it only where it is exact."""
+and a whole prompt finishing, with the fused attention kernel and without it; the backend takes it only
+where it is exact."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import rlcode.rollout.shared_prompt_cache as shared_prompt_cache
 from rlcode.models import load_model, load_tokenizer
 from rlcode.rollout import HFGenerateBackend
 from rlcode.rollout.llama_decode_step import llama_decode_step, runs_llama_decode_step
@@ -48,8 +50,11 @@ def decode_logits(backend, model, step) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["fused attention", "torch attention"])
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
-def test_the_step_gives_the_forwards_logits_bit_for_bit(backend, architecture):
+def test_the_step_gives_the_forwards_logits_bit_for_bit(backend, architecture, kernel, monkeypatch):
+    if not kernel:  # as where the fused kernel cannot be built
+        monkeypatch.setattr(shared_prompt_cache, "fused_attention_kernel", lambda: None)
     policy = backend.model if architecture == "qwen2" else tiny_llama()
     assert policy.config.model_type == architecture
     int8, _ = quantized_copy(policy)
