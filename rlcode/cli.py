@@ -46,6 +46,7 @@ from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
 from rlcode.training.learner import Learner  # noqa: E402
+from rlcode.training.process_group_exit import leave_process_group  # noqa: E402
 from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
@@ -338,6 +339,7 @@ def main(args: list[str] | None = None) -> None:
             trainer_defaults={"max_steps": 100, "log_every_n_steps": 1, "num_sanity_val_steps": 0,
                               "enable_model_summary": False},
         )
+        leave_process_group()  # only after success: a multi-rank run must not abort in interpreter teardown
     except (*_SETUP_ERRORS, cli_errors.UserError) as error:  # messages that name the cause and the fix
         if debug:
             raise
