@@ -59,6 +59,7 @@ class SharedPromptLayer(PreallocatedLayer):
         self.prefix_keys, self.prefix_values, self.group = keys.contiguous(), values.contiguous(), group
         self.slots = torch.arange(prompts * group, device=keys.device)
         self._transposed_keys = None  # the fused kernel's layout, made on its first use
+        self._row_prompts, self._prompts_of = None, None  # row_prompts() for the slots they were read from
 
     def prefix_keys_transposed(self) -> torch.Tensor:
         """[U, Hkv, D, P padded to a multiple of 16]: the prompts' keys as the fused kernel reads them."""
@@ -66,6 +67,15 @@ class SharedPromptLayer(PreallocatedLayer):
             padding = -self.prefix_keys.shape[-2] % 16
             self._transposed_keys = F.pad(self.prefix_keys.transpose(-1, -2), (0, padding)).contiguous()
         return self._transposed_keys
+
+    def row_prompts(self) -> torch.Tensor | None:
+        """Each live row's prompt index, or None when the rows are not in prompt order (the fused kernel
+        walks each prompt's rows); read once per change of ``slots``, not once per layer and step."""
+        if self._prompts_of is not self.slots:
+            prompts = self.slots // self.group
+            ordered = len(prompts) < 2 or not bool((prompts[1:] < prompts[:-1]).any())
+            self._row_prompts, self._prompts_of = (prompts if ordered else None), self.slots
+        return self._row_prompts
 
     def get_seq_length(self) -> int:
         return self.prefix_keys.shape[-2] + self.length
@@ -204,8 +214,8 @@ def fused_decode_attention(query: torch.Tensor, layer: SharedPromptLayer, suffix
     kernel = fused_attention_kernel()
     if kernel is None or query.dtype != torch.float32 or query.device.type != "cpu":
         return None
-    prompts = layer.slots // layer.group
-    if len(prompts) > 1 and bool((prompts[1:] < prompts[:-1]).any()):  # the kernel walks each prompt's rows
+    prompts = layer.row_prompts()
+    if prompts is None:
         return None
     rows, query_heads, _, head_dim = query.shape
     kv_heads = suffix_keys.shape[1]

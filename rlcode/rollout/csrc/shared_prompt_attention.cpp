@@ -124,7 +124,7 @@ torch::Tensor shared_prompt_attention(torch::Tensor query, torch::Tensor prefix_
   const int64_t B = query.size(0), H = query.size(1), R = query.size(2), D = query.size(3);
   const int64_t U = prefix_keys_t.size(0), Pp = prefix_keys_t.size(3), P = prefix_values.size(2), S = suffix_keys.size(2);
   auto scaled = (query * scale).contiguous();
-  auto out = torch::zeros_like(query);
+  auto out = torch::empty_like(query);  // every row belongs to one prompt: each element is written below
   const float* q = scaled.data_ptr<float>();
   const float* kt = prefix_keys_t.data_ptr<float>();
   const float* pv = prefix_values.data_ptr<float>();
@@ -144,7 +144,7 @@ torch::Tensor shared_prompt_attention(torch::Tensor query, torch::Tensor prefix_
   for (int64_t u = U - 1; u >= 0; --u) first[u] = std::min(first[u], first[u + 1]);
   const int64_t ld = Pp + S;
   at::parallel_for(0, U * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs, scores;
+    std::vector<float> qs, scores, acc;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t u = task / H, h = task % H;
       const int64_t b0 = first[u], rows = first[u + 1] - b0, n = rows * R;
@@ -191,7 +191,7 @@ torch::Tensor shared_prompt_attention(torch::Tensor query, torch::Tensor prefix_
         for (int64_t s = 0; s < S; ++s) row[Pp + s] *= inverse;
       }
       // values: the prompt's for the whole group at once, then each row's own generated tokens
-      std::vector<float> acc(n * D, 0.0f);
+      acc.assign(n * D, 0.0f);
       add_values(scores.data(), ld, pv + (u * H + h) * P * D, P, D, acc.data(), n, D);
       for (int64_t b = 0; b < rows; ++b)
         add_values(scores.data() + b * R * ld + Pp, ld, sv + (b0 + b) * svb + h * svh, S, svs, acc.data() + b * R * D, R, D);
