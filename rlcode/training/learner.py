@@ -321,10 +321,10 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                              step=lambda counted: update(optimizer, counted=counted),
                              world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),
                              least_over_ranks=ranks.least)
-        self._weights_changed()  # before too: the int8 sampler's copy (~110 MB) is freed for the update's peak
-        parts = update_policy(self.policy, hooks, settings, rollout, loss_mask, advantages, ref_logps, rows, totals)
+        # Said before the update, not after: the int8 sampler's copy (~110 MB) is then freed for the update's
+        # memory peak; nothing generates until the update is done, so every copy is rebuilt from new weights.
         self._weights_changed()
-        return parts
+        return update_policy(self.policy, hooks, settings, rollout, loss_mask, advantages, ref_logps, rows, totals)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.hparams.max_grad_norm:
