@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from run_record import run_record
+
 HERE = Path(__file__).resolve().parent
 RESULT = "SHARED_PREFIX_RESULT "
 MODEL = "smollm2-135m-instruct"
@@ -75,7 +77,8 @@ def run_side(share: bool, rows_path: Path, micro_batch: int, passes: int, model:
 
     def count(module, args, kwargs):
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        positions[0] += int(mask[:, -ids.size(1):].sum()) if mask is not None else ids.numel()
+        padded = mask is not None and mask.dim() == 2  # the packed pass's 4-D mask runs no padding
+        positions[0] += int(mask[:, -ids.size(1):].sum()) if padded else ids.numel()
 
     policy.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     weights = torch.randn(rows["completion_ids"].shape, generator=torch.Generator().manual_seed(0))
@@ -128,6 +131,11 @@ def agreement(a: dict, b: dict) -> dict:
     return {"max_logp_difference": logps,
             "max_gradient_difference_relative": float((ga - gb).abs().max() / gb.abs().max().clamp(min=1e-12)),
             "gradient_norm_ratio": a["gradient_norm"] / b["gradient_norm"]}
+
+
+def _shared_pass() -> str:
+    """Which implementation ``share_prefix`` ran: the packed single call, or the older per-tree-level calls."""
+    return "packed" if (HERE.parent / "rlcode" / "logprobs" / "packed_pass.py").exists() else "tree_levels"
 
 
 def main() -> None:
@@ -185,8 +193,8 @@ def main() -> None:
         print(f"{row['setting']}: shared / plain tokens/s {row['tokens_per_s_ratio']:.2f}x, peak RSS "
               f"{row['peak_rss_ratio']:.2f}x; max |logp difference| {agree['max_logp_difference']:.2g}, "
               f"max relative gradient difference {agree['max_gradient_difference_relative']:.2g}")
-    line = {"benchmark": "shared_prefix_pass", "model": args.model, "threads": args.threads, "passes": args.passes,
-            "load_avg_1m": os.getloadavg()[0], "results": report}
+    line = {"benchmark": "shared_prefix_pass", "model": args.model, "passes": args.passes,
+            "shared_pass": _shared_pass(), **run_record(args.threads), "results": report}
     print(json.dumps(line))
     if args.json:
         args.json.write_text(json.dumps(line, indent=1))

@@ -40,6 +40,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from run_record import run_record
+
 HERE = Path(__file__).resolve().parent
 MODELS = ("tiny-random", "smollm2-135m-instruct")
 RESULT_PREFIX = "STEP_THROUGHPUT_RESULT "
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(compare(settings, args.repeats, args.timeout))
     print_table(rows)
     line = {"benchmark": "step_throughput", "steps": args.steps, "warmup_steps": 1, "repeats": args.repeats,
-            "reward": args.reward, "load_avg_1m": os.getloadavg()[0],
+            "reward": args.reward, **run_record(args.threads),
             "results": [{k: (v if k not in ("rlcode", "trl") else {kk: vv for kk, vv in v.items() if kk != "raw"})
                          for k, v in row.items()} for row in rows]}
     print(json.dumps(line))

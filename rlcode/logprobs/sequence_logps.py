@@ -24,8 +24,7 @@ from torch import Tensor, nn
 
 from rlcode.algorithms.losses import per_token_logps
 from rlcode.logprobs.fused_head_logps import fused_head_logps
-from rlcode.logprobs.prefix_tree import PrefixTree, prefix_tree
-from rlcode.logprobs.shared_prefix import prompt_lists, shared_prefix_outputs, shared_prefix_support
+from rlcode.logprobs.packed_pass import PackedLayout, packed_layout, packed_outputs, packed_pass_support, row_tokens
 from rlcode.models.adapters import is_lora_model
 from rlcode.models.sharding import as_forward, gathered
 
@@ -57,10 +56,11 @@ def completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, 
 
     0 where ``completion_mask`` is 0 (as TRL). Gradients flow when called with grad enabled; wrap in
     ``torch.no_grad()`` for old/ref log-probs. ``chunk_size``: tokens per head chunk (default: about
-    16M logits per chunk, see ``fused_head_logps``). ``share_prefix``: run each prompt prefix the
-    rows share once (``rlcode.logprobs.shared_prefix``) when that runs fewer tokens than the plain
-    pass and the model supports it; same log-probs and gradients. A sharded (FSDP2) model runs it as
-    its root's forward (``rlcode.models.sharding.as_forward``): the head's weight whole, its gradients synced.
+    16M logits per chunk, see ``fused_head_logps``). ``share_prefix``: run the micro-batch as one
+    packed sequence, each prompt prefix the rows share once (``rlcode.logprobs.packed_pass``), where the
+    model's attention takes its mask; same log-probs and gradients, one decoder call either way. A
+    sharded (FSDP2) model runs it as its root's forward (``rlcode.models.sharding.as_forward``): the
+    head's weight whole, its gradients synced.
     """
     return as_forward(model, _completion_logps, prompt_ids, prompt_mask, completion_ids, completion_mask,
                       temperature, chunk_size=chunk_size, share_prefix=share_prefix)
@@ -72,10 +72,14 @@ def _completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
     active = completion_mask.bool()  # [B, C]
     length = completion_ids.size(1)
     head = _fusable_head(model)
-    tree = _tree_worth_sharing(model, prompt_ids, prompt_mask, length) if share_prefix else None
-    if tree is not None:
-        outputs = shared_prefix_outputs(head.body if head else model, tree, prompt_mask.sum(-1), completion_ids,
-                                        completion_mask, hidden_states=head is not None)  # [B, C, H] or [B, C, V]
+    body = head.body if head else model
+    layout = _packing(body, prompt_ids, prompt_mask, completion_ids, completion_mask) if share_prefix else None
+    if layout is not None:
+        outputs = packed_outputs(body, layout, hidden_states=head is not None)  # [A, H] or [A, V]
+        if head is None:
+            picked = per_token_logps(outputs.unsqueeze(0), completion_ids[active].unsqueeze(0), temperature)[0]
+            return picked.new_zeros(active.shape).masked_scatter(active, picked)  # [B, C]
+        hidden = outputs
     else:
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [B, P + C]
@@ -83,29 +87,29 @@ def _completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
         if head is None:
             # +1: the last prompt position predicts the first completion token; the final position
             # predicts nothing we sampled, so it is dropped.
-            outputs = model(**inputs, logits_to_keep=length + 1).logits[:, :-1, :]  # [B, C, V]
-        else:
-            outputs = head.body(**inputs, use_cache=False).last_hidden_state[:, -length - 1 : -1]  # [B, C, H]
-    if head is None:
-        return per_token_logps(outputs, completion_ids, temperature).masked_fill(~active, 0.0)  # [B, C]
-    hidden = outputs.to(head.weight.device)  # a model split over devices may end elsewhere than its head
-    picked = fused_head_logps(hidden[active], head.weight, head.bias, completion_ids[active], temperature,
-                              head.softcap, chunk_size)  # [N active]
+            logits = model(**inputs, logits_to_keep=length + 1).logits[:, :-1, :]  # [B, C, V]
+            return per_token_logps(logits, completion_ids, temperature).masked_fill(~active, 0.0)  # [B, C]
+        hidden = head.body(**inputs, use_cache=False).last_hidden_state[:, -length - 1 : -1][active]  # [A, H]
+    hidden = hidden.to(head.weight.device)  # a model split over devices may end elsewhere than its head
+    picked = fused_head_logps(hidden, head.weight, head.bias, completion_ids[active], temperature,
+                              head.softcap, chunk_size)  # [A]
     return picked.new_zeros(active.shape).masked_scatter(active, picked)  # [B, C]
 
 
-def _tree_worth_sharing(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, length: int) -> PrefixTree | None:
-    """The rows' prompt tree if the shared pass runs fewer (padded) positions than the plain one."""
-    reason = shared_prefix_support(model)
-    if reason is not None:
-        if reason not in _reported:
-            _reported.add(reason)
-            log.warning("Prompt prefixes are not shared in the training pass (each row runs its whole prompt): "
-                        "%s.", reason)
-        return None
-    tree = prefix_tree(prompt_lists(prompt_ids, prompt_mask))
-    rows, width = prompt_ids.shape
-    return tree if tree.padded_tokens + rows * length < rows * (width + length) else None
+def _packing(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+             completion_mask: Tensor) -> PackedLayout | None:
+    """The micro-batch packed as one sequence, or None (the plain pass) where the model cannot take it."""
+    longest = prompt_ids.size(1) + completion_ids.size(1)
+    reason = packed_pass_support(model, longest)
+    if reason is None:
+        rows = row_tokens(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        if rows is not None:
+            return packed_layout(*rows, completion_ids.device)
+        reason = "the prompts are not left-padded or the completions not right-padded"
+    if reason not in _reported:
+        _reported.add(reason)
+        log.warning("Prompts are not shared in the training pass (each row runs its whole prompt): %s.", reason)
+    return None
 
 
 def batched_completion_logps(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
