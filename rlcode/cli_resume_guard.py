@@ -11,13 +11,13 @@ What must match (``FIXED``): the mode's class and every one of its settings exce
 (where the code runs, not what it computes); the model (``model_name``, ``lora``,
 ``quantization``); the sampling (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
 ``stop``, ``generation_seed``); the loss and the update (``loss_type``, ``beta``, the epsilons,
-``importance_sampling_level``, ``num_iterations``, ``learning_rate``, ``weight_decay``,
+``importance_sampling_level``, ``num_iterations``, ``learning_rate``, ``weight_decay``, ``optimizer``,
 ``max_grad_norm``, ``mask_truncated_completions``, ``disable_dropout``, ``dry_run``).
 
 What may change on resume: everything else. ``trainer.max_steps`` (to train longer), evaluation,
 logging, checkpointing and ``run:`` settings; and the Learner's settings that change only speed or
 memory, not the update: ``precision`` (another GPU), ``gradient_checkpointing``,
-``micro_batch_size``, ``share_prefix``, ``skip_zero_advantage_rows``, ``rollout_backend``,
+``micro_batch_size``, ``micro_batch_tokens``, ``share_prefix``, ``skip_zero_advantage_rows``, ``rollout_backend``,
 ``vllm``, ``openai``. Settings a checkpoint does not record (written by an older rlcode) are not
 compared.
 """
@@ -33,7 +33,7 @@ from rlcode.run_dir.checkpoint_file import checkpoint_metadata
 
 FIXED = ("model_name", "lora", "quantization", "max_new_tokens", "temperature", "top_p", "top_k", "stop",
          "generation_seed", "loss_type", "beta", "epsilon_low", "epsilon_high", "importance_sampling_level",
-         "num_iterations", "learning_rate", "weight_decay", "max_grad_norm", "mask_truncated_completions",
+         "num_iterations", "learning_rate", "weight_decay", "optimizer", "max_grad_norm", "mask_truncated_completions",
          "disable_dropout", "dry_run")
 FREE_MODE_SETTINGS = ("sandbox",)
 SHOWN = 3  # differences named in the line; the rest are counted

@@ -77,6 +77,7 @@ RANGES: dict[str, Range] = {
     "model.epsilon_high": NON_NEGATIVE,
     "model.num_iterations": COUNT,
     "model.micro_batch_size": COUNT,
+    "model.micro_batch_tokens": COUNT,
     "model.max_grad_norm": POSITIVE,
     "model.lora.r": COUNT,
     "model.lora.alpha": COUNT,

@@ -44,10 +44,12 @@ from rlcode.rollout.quantized_sampler import precision_refusal
 from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
+from rlcode.training.device_memory import peak_memory_gib, reset_peak_memory
 from rlcode.training.fsdp_strategy import sharding_refusal
 from rlcode.training.gradient_sync import clip_grad_norm, no_gradient_sync
 from rlcode.training.mode import Mode
 from rlcode.training.optimizer_steps import count_step_without_update, update
+from rlcode.training.optimizers import OptimizerName, build_optimizer
 from rlcode.training.policy_rollouts import PolicyRollouts
 from rlcode.training.policy_update import TrainerHooks, UpdateAbandoned, UpdateSettings, update_policy
 from rlcode.training.resume_state import ExactResume
@@ -83,6 +85,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         openai: OpenAISettings | None = None,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
+        optimizer: OptimizerName = "adamw",
         loss_type: LossType = "dapo",
         beta: float = 0.0,
         epsilon_low: float = 0.2,
@@ -90,6 +93,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         importance_sampling_level: ImportanceSamplingLevel = "token",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
+        micro_batch_tokens: int | None = None,
         share_prefix: bool = True,
         skip_zero_advantage_rows: bool = False,
         mask_truncated_completions: bool = False,
@@ -129,6 +133,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                 model, api, concurrency, retries; the key only from the environment); None: defaults.
             learning_rate: AdamW learning rate.
             weight_decay: AdamW weight decay.
+            optimizer: "adamw" (torch) or "adamw_8bit" (bitsandbytes: moments in 8 bits, about 2 bytes
+                per trained parameter instead of 8; not under FSDP; ``rlcode.training.optimizers``).
             loss_type: "dapo" (token-level, TRL's default), "grpo", "bnpo" or "dr_grpo".
             beta: weight of the KL penalty to the reference policy (0: no reference model).
             epsilon_low: lower clip range of the importance ratio.
@@ -138,9 +144,13 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
                 old log-probs so the clip acts).
             micro_batch_size: rows per forward/backward pass; gradients accumulate over the whole
                 step before each optimizer step.
-            share_prefix: in every log-prob pass, run each prompt prefix the micro-batch's rows
-                share (a group's prompt, an episode's history) once and only the completions per
-                row: same log-probs and gradients, fewer tokens (``rlcode.logprobs.shared_prefix``).
+            micro_batch_tokens: also cap a training micro-batch's tokens (each distinct prompt once
+                plus the completions; a longer row runs alone): memory follows tokens, not rows, in the
+                packed pass. None: rows only.
+            share_prefix: run each micro-batch as one packed sequence, each prompt prefix its rows
+                share (a group's prompt, an episode's history) once and every completion after it:
+                same log-probs and gradients, fewer tokens, one decoder call
+                (``rlcode.logprobs.packed_pass``).
             skip_zero_advantage_rows: skip the backward pass of rows whose advantage is exactly 0 (a
                 group whose rewards are all equal, a turn whose return equals its baseline): a pure
                 speed-up, the update is the same, and the loss normalisers still count them (with
@@ -159,8 +169,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         refusal = precision_refusal(rollout_precision, rollout_backend, quantization)
         if refusal is not None:
             raise ValueError(refusal)
-        if num_iterations < 1 or micro_batch_size < 1:
-            raise ValueError("num_iterations and micro_batch_size must be >= 1")
+        if num_iterations < 1 or micro_batch_size < 1 or (micro_batch_tokens is not None and micro_batch_tokens < 1):
+            raise ValueError("num_iterations, micro_batch_size and micro_batch_tokens must be >= 1")
         self.save_hyperparameters(ignore=["mode"])
         self.hparams["mode"] = mode.config()  # plain data: checkpoints name the mode and its settings
         self.mode = mode
@@ -246,12 +256,14 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
             return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=self.hparams.learning_rate)
         reshard(self.policy)  # FSDP: the shards, not a gathered copy left by a pass without gradients
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
+        return build_optimizer(self.hparams.optimizer, params, lr=self.hparams.learning_rate,
+                               weight_decay=self.hparams.weight_decay, sharded=is_sharded(self.policy))
 
     # ---- one RL step ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> None:
         hp, timings, ranks = self.hparams, {}, self.ranks()
         step, step_started = self.global_step, time.perf_counter()
+        reset_peak_memory(self.device)
         start, self.abandoned_step_rng = step_start(self.mode, self.datamodule(), batch), None
 
         with timed(timings, "generation"):  # rows to train on; their rewards start computing
@@ -291,6 +303,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         self.last_step = experience.record(step=step, advantages=advantages, updated=update, loss=loss_parts,
                                            totals=totals, frac_zero_std=float(frac_flat), timings=timings,
                                            extra_metrics=extra_metrics)
+        self.last_step.memory = peak_memory_gib(self.device)
         self.history.add_step(self.last_step, grad_norm=self.last_grad_norm)
 
     def _abandon(self, start, experience) -> None:
@@ -314,8 +327,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         settings = UpdateSettings(
             loss_type=hp.loss_type, beta=hp.beta, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
             importance_sampling_level=hp.importance_sampling_level, num_iterations=hp.num_iterations,
-            micro_batch_size=hp.micro_batch_size, share_prefix=hp.share_prefix, temperature=hp.temperature,
-            max_completion_length=hp.max_new_tokens,
+            micro_batch_size=hp.micro_batch_size, micro_batch_tokens=hp.micro_batch_tokens,
+            share_prefix=hp.share_prefix, temperature=hp.temperature, max_completion_length=hp.max_new_tokens,
             importance_sampling_cap=getattr(self.backend, "importance_sampling_cap", None))
         hooks = TrainerHooks(backward=self.manual_backward, no_sync=lambda: no_gradient_sync(self.trainer.strategy),
                              step=lambda counted: update(optimizer, counted=counted),

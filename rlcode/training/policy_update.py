@@ -26,6 +26,7 @@ from rlcode.algorithms.importance_correction import (corrected_advantages, log_r
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
 from rlcode.models.sharding import gathered_for_update, is_sharded
+from rlcode.training.micro_batches import micro_batches as split_rows
 
 if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
@@ -47,6 +48,8 @@ class UpdateSettings:
     max_completion_length: int
     importance_sampling_cap: float | None = None
     """A sampler that is not the policy (vLLM, the int8 copy): TRL's cap of the truncated importance weights."""
+    micro_batch_tokens: int | None = None
+    """A micro-batch's token budget beside its ``micro_batch_size`` rows (``rlcode.training.micro_batches``)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,9 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     contributes = len(rows) > 0
     if rollout.completion_ids.size(0) == 0:  # nothing to run even a zero-weighted pass on
         rollout, loss_mask, advantages, ref_logps = _dummy_row(rollout, loss_mask)
-    micro_batches = list(rows.split(hp.micro_batch_size)) if contributes else [torch.arange(1, device=loss_mask.device)]
+    micro_batches = split_rows(rows, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_mask,
+                               max_rows=hp.micro_batch_size, max_tokens=hp.micro_batch_tokens) \
+        if contributes else [torch.arange(1, device=loss_mask.device)]
     logps_dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)  # completion_logps'
     old_logps = torch.zeros_like(loss_mask, dtype=logps_dtype) if hp.num_iterations > 1 else None
     # A sampler that is not the policy (vLLM): TRL's truncated importance weights of each token, from

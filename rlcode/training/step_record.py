@@ -16,6 +16,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from rlcode.training.device_memory import synchronized
+
 
 @dataclass
 class StepRecord:
@@ -44,6 +46,8 @@ class StepRecord:
     reward_metrics: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds: generation, rewards_wait, logps, update, step."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """The step's peak accelerator memory in GiB (``device_memory.peak_memory_gib``; empty on a CPU)."""
     episodes: list[dict] = field(default_factory=list)
     """Multi-turn modes: every episode of the step, whole (rollout logs keep games, not rows)."""
     extra_metrics: dict[str, float] = field(default_factory=dict)
@@ -85,9 +89,12 @@ class StepRecord:
 
 @contextmanager
 def timed(timings: dict[str, float], name: str):
-    """Add the block's wall time to ``timings[name]`` (a StepRecord's ``timings``)."""
+    """Add the block's wall time to ``timings[name]`` (a StepRecord's ``timings``), the device's queued
+    work included at both edges (``device_memory.synchronized``: CUDA's kernels run asynchronously)."""
+    synchronized()
     started = time.perf_counter()
     try:
         yield
     finally:
+        synchronized()
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - started

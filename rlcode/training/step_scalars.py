@@ -46,6 +46,7 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     metrics.update({f"reward/{key}": value for key, value in record.reward_metrics.items()})
     metrics.update({f"loss/{key}": value for key, value in record.loss.items()})
     metrics.update({f"perf/{key}_s": value for key, value in record.timings.items()})
+    metrics.update({f"perf/{key}": value for key, value in record.memory.items()})
     if record.episode_of_row:  # multi-turn: avg_batch_reward is per episode, this per turn
         metrics["reward/avg_turn_reward"] = record.mean_turn_reward
     metrics.update(record.extra_metrics)
@@ -137,6 +138,9 @@ def step_line(record: StepRecord, labels: dict[str, tuple[str, str]] | None = No
     shares = "".join(f"{c.label}={100 * c.count / max(c.total, 1):.1f}% ({c.count}/{c.total}), "
                      for c in success_counts(record, labels))
     line = f"  Step {record.step}: reward={record.mean_reward:.3f}, {shares}time={record.timings.get('step', 0.0):.1f}s"
+    if record.memory:
+        line += (f", GPU peak {record.memory['gpu_peak_allocated_gib']:.1f} GiB allocated / "
+                 f"{record.memory['gpu_peak_reserved_gib']:.1f} reserved")
     return line if record.updated else line + " (no update)"
 
 
