@@ -42,7 +42,7 @@ def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
     from rlcode.training.fsdp_strategy import FSDP2Strategy
 
     torch.set_num_threads(1)
-    calls = {"fused_head": 0, "shared_prefix": 0}
+    calls = {"fused_head": 0, "packed": 0}
     for name in calls:
         original = getattr(sequence_logps, f"{name}_{'logps' if name == 'fused_head' else 'outputs'}")
 
@@ -72,7 +72,7 @@ def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
                     gradients[name] = None if p.grad is None else full_tensor(p.grad.detach()).clone()
 
     # grpo (per-sequence means), batch-std scaling, micro-batches of 3 over 4 rows per rank: a partial
-    # last one, and rank 0 and 1 run different prompt trees in the shared-prefix pass.
+    # last one, and rank 0 and 1 pack different prompt trees in the packed pass.
     module = build_module(loss_type="grpo", scale_rewards="batch", micro_batch_size=3, configure=False,
                           precision="64-true", **VARIANTS[variant])
     sharded = devices > 1
@@ -100,7 +100,7 @@ def test_a_sharded_step_equals_one_process_on_the_combined_batch(tmp_path, varia
         assert done.returncode == 0, done.stderr[-4000:]
     one, two = torch.load(tmp_path / f"{variant}_1.pt"), torch.load(tmp_path / f"{variant}_2.pt")
     assert two["sharded"].startswith("FSDP") and not one["sharded"].startswith("FSDP")
-    assert two["calls"]["fused_head"] > 0 and two["calls"]["shared_prefix"] > 0, two["calls"]
+    assert two["calls"]["fused_head"] > 0 and two["calls"]["packed"] > 0, two["calls"]
     assert_same_gradients(two["gradients"], one["gradients"])
     # Weights after one AdamW step: w - lr * g / (|g| + eps) (the first step's bias-corrected moments),
     # whose derivative in g is at most 1/eps; so gradients equal to FLOAT64_TOLERANCE of their scale

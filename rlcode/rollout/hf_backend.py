@@ -26,6 +26,7 @@ from rlcode import stop_signal
 from rlcode.models.sharding import gathered
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
+from rlcode.rollout.cast_once import weights_cast_once
 from rlcode.rollout.kv_cache import preallocate
 from rlcode.rollout.llama_decode_step import llama_decode_step, runs_llama_decode_step
 from rlcode.rollout.quantized_sampler import QuantizedSampler, RolloutPrecision, precision_refusal, sampling_logps
@@ -118,7 +119,7 @@ class HFGenerateBackend:
             # no_grad, not inference_mode: inference tensors could not be fed to the loss's
             # forward pass (embedding backward saves the token ids). A sharded (FSDP2) model is
             # gathered once for the whole call: no collective per token, so ranks stop when they like.
-            with torch.no_grad(), gathered(self.model):
+            with torch.no_grad(), gathered(self.model), weights_cast_once(_device_of(self.model).type):
                 return self._generate(self.model, prompts, num_generations, params)
         finally:
             self.model.train(was_training)
