@@ -1,5 +1,9 @@
 """The training pass with shared prefixes against the same pass without (the named peer), SmolLM2.
 
+``share_prefix`` runs the packed pass (``rlcode.logprobs.packed_pass``: one decoder call per
+micro-batch); before 2026-11-29 it ran one call per prompt-tree level on past caches. The JSON's
+``shared_pass`` says which a result measured ("packed" or "tree_levels").
+
 One step's rows are sampled once and saved; then each side runs the policy's training pass over
 them (``completion_logps`` forward + backward of a fixed weighting of the log-probs, micro-batches
 as the config's, no optimizer step) in a fresh interpreter, so its peak RSS is its own. Settings:

@@ -5,7 +5,7 @@ Lightning starts rank 1 by re-running the command line, so each run is this file
 (``python tests/test_fsdp.py OUT_DIR equivalence DEVICES VARIANT``); rank 0 saves what it saw. The
 comparison holds to float64 rounding (``exact_float64``); a wrong normaliser, a gradient that missed
 the reduce-scatter or an optimizer holding a gathered copy instead of the shard is off by far more.
-The runs count the fused head's and the shared-prefix pass's calls: both must really run sharded
+The runs count the fused head's and the packed pass's calls: both must really run sharded
 (FSDP's sharded head weight once made the log-probs fall back to full logits without a word).
 """
 

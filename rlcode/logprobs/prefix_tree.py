@@ -4,8 +4,8 @@ A GRPO group's G rows share their whole prompt; every prompt of a chat model sha
 system block; the turn samples of one episode share its history, each turn's context extending the
 previous one. The tree (a compressed trie of the rows' prompt token ids) holds each of those runs
 once, as the segment of one node; a row's prompt is the concatenation of the segments on the path
-from the top level to the node where it ends. Nodes are grouped by depth, so a forward pass can run
-one level at a time (``rlcode.logprobs.shared_prefix``).
+from the top level to the node where it ends. The packed training pass lays the tree out as one
+sequence (``rlcode.logprobs.packed_pass``).
 """
 
 from __future__ import annotations
@@ -34,13 +34,8 @@ class PrefixTree:
 
     @property
     def tokens(self) -> int:
-        """Prompt tokens the tree holds: what a shared pass runs, padding left out."""
+        """Prompt tokens the tree holds: what the packed pass runs of the prompts."""
         return sum(len(segment) for level in self.levels for segment in level.segments)
-
-    @property
-    def padded_tokens(self) -> int:
-        """Prompt positions a shared pass runs: each level is padded to its longest segment."""
-        return sum(len(level.segments) * max(map(len, level.segments)) for level in self.levels)
 
 
 def prefix_tree(prompts: list[list[int]]) -> PrefixTree:

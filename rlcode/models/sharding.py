@@ -7,7 +7,7 @@ rank keeps 1/N of each parameter, gradient and optimizer state.
 FSDP2 gathers a group's parameters in the group's ``forward``. rlcode runs three things that are not
 a module's forward, and each is handled here:
 
-- the fused-head log-probs and the shared-prefix pass call the decoder body and read the head's
+- the fused-head log-probs and the packed pass call the decoder body and read the head's
   weight themselves: ``as_forward(model, function, ...)`` runs ``function(model, ...)`` as the root's
   forward (``register_fsdp_forward_method``), so the root's parameters are gathered before, the head's
   weight is a plain tensor inside (the fused head, not the full-logits fallback), and its gradients
@@ -15,8 +15,7 @@ a module's forward, and each is handled here:
 - generation runs the model once per token: ``gathered(model)`` gathers every group once around it and
   frees them after, so a decode step runs no collective (ranks may stop at different lengths) at the
   memory of the whole model for the length of the call;
-- a training update runs a data-dependent number of passes per rank (micro-batches, prompt-tree
-  levels), and FSDP's collectives must come in the same order on every rank: ``gathered_for_update``
+- a training update runs a data-dependent number of passes per rank (micro-batches), and FSDP's collectives must come in the same order on every rank: ``gathered_for_update``
   keeps the policy gathered with gradient sync off for the update's passes, and ``gradient_sync``
   wraps one pass of the same shape on every rank that reduce-scatters the accumulated gradients
   (``rlcode.training.policy_update``). So a step holds the gathered weights and an unsharded

@@ -6,8 +6,8 @@ however many updates it makes. Everything it uses is passed in: the loss setting
 (``UpdateSettings``) and the trainer's hooks (``TrainerHooks``: backward, no-sync, optimizer step).
 
 Under FSDP (a sharded policy) every rank must run the same collectives in the same order, but the
-passes of a step are data-dependent: ranks train different numbers of micro-batches, and the
-shared-prefix pass runs one decoder call per prompt-tree level. So an update runs with the policy
+passes of a step are data-dependent: ranks train different numbers of micro-batches (one decoder
+call each, packed or plain). So an update runs with the policy
 gathered once and gradient sync off (no collective in any real pass, gradients accumulated unsharded
 in fp32), then one pass of fixed shape on every rank, zero-weighted, with sync on: the single point
 where each group's accumulated gradient is reduce-scattered (``_sync_sharded_gradients``).
