@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_record import run_record
+from run_record import emit, run_record
 
 HERE = Path(__file__).resolve().parent
 RESULT = "OPTIMIZER_8BIT_RESULT "
@@ -113,9 +113,7 @@ def main() -> None:
             "update_norm_ratio": float(b.norm() / a.norm()),
             "gain_ratio": sides["adamw_8bit"]["gain"] / sides["adamw"]["gain"],
             "state_bytes_ratio": sides["adamw_8bit"]["optimizer_state_bytes"] / sides["adamw"]["optimizer_state_bytes"]}
-    print(json.dumps(line))
-    if args.json:
-        args.json.write_text(json.dumps(line, indent=1))
+    emit(line, args.json)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ less on AVX2, the 2 cores are shared, and the code moves between runs.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -72,3 +73,10 @@ def _commit() -> dict:
         return done.stdout.strip()
 
     return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "rlcode"))}
+
+
+def emit(line: dict, path: Path | None) -> None:
+    """Print a result line as JSON (the last line a run prints) and write it to ``path`` if given."""
+    print(json.dumps(line))
+    if path:
+        path.write_text(json.dumps(line, indent=1))

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_record import run_record
+from run_record import emit, run_record
 
 HERE = Path(__file__).resolve().parent
 RESULT = "SHARED_PREFIX_RESULT "
@@ -199,9 +199,7 @@ def main() -> None:
               f"max relative gradient difference {agree['max_gradient_difference_relative']:.2g}")
     line = {"benchmark": "shared_prefix_pass", "model": args.model, "passes": args.passes,
             "shared_pass": _shared_pass(), **run_record(args.threads), "results": report}
-    print(json.dumps(line))
-    if args.json:
-        args.json.write_text(json.dumps(line, indent=1))
+    emit(line, args.json)
 
 
 if __name__ == "__main__":

@@ -239,16 +239,20 @@ def test_eager_attention_takes_the_same_rule_as_an_additive_mask():
     assert torch.equal(additive, expected)
 
 
-def test_plain_head_path_packs_too(monkeypatch):
-    """A head that cannot be fused (the model's own logits, on the packed positions only)."""
-    monkeypatch.setattr(sequence_logps, "_fusable_head", lambda model: None)
-    model = in_float64(_tiny("Qwen2", tie_word_embeddings=False))
+def _assert_packs_like_plain(model, monkeypatch) -> None:
+    model = in_float64(model)
     batch = _batch(_prompts("multi-turn"))
     spy = _Spy(model, monkeypatch)
     plain = _logps_and_grads(model, batch, share_prefix=False)
     packed = _logps_and_grads(model, batch, share_prefix=True)
     assert spy.packed_calls == 1
     _assert_float64_same(packed, plain)
+
+
+def test_plain_head_path_packs_too(monkeypatch):
+    """A head that cannot be fused (the model's own logits, on the packed positions only)."""
+    monkeypatch.setattr(sequence_logps, "_fusable_head", lambda model: None)
+    _assert_packs_like_plain(_tiny("Qwen2", tie_word_embeddings=False), monkeypatch)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -323,13 +327,7 @@ def test_sliding_window_shorter_than_a_row_runs_the_plain_pass_and_says_why(monk
 
 
 def test_sliding_window_longer_than_every_row_packs(monkeypatch):
-    model = in_float64(_tiny("Mistral", sliding_window=64))
-    batch = _batch(_prompts("multi-turn"))
-    spy = _Spy(model, monkeypatch)
-    plain = _logps_and_grads(model, batch, share_prefix=False)
-    packed = _logps_and_grads(model, batch, share_prefix=True)
-    assert spy.packed_calls == 1
-    _assert_float64_same(packed, plain)
+    _assert_packs_like_plain(_tiny("Mistral", sliding_window=64), monkeypatch)
 
 
 def test_attention_without_a_mask_argument_is_refused_by_name():
