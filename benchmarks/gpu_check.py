@@ -1,6 +1,7 @@
 """One command for a lent GPU machine (one H100 or H200, no network, ~15 minutes): what rlcode's GPU path does.
 
-Runs the checks of ``gpu_check_cases.py`` and ``gpu_check_decoding.py`` one after another, each in a
+Runs the checks of ``gpu_check_pairs.py`` (rlcode against TRL, one side a check), ``gpu_check_cases.py``
+and ``gpu_check_decoding.py`` one after another, each in a
 process of its own with its own time budget: a check that fails or outlasts its budget is reported as
 such (its process group killed) and the rest still run, so one lease always comes back with every
 answer it could get. A whole-run budget (``--total-budget``) caps the sum: a check gets what is left
@@ -8,7 +9,8 @@ when that is less than its own.
 Its own process per check also gives each its own peak GPU memory and frees the GPU between checks.
 
 First comes the platform line (the GPU, the precision and the platform profile ``rlcode fit`` picks
-automatically), then one line per check. Results go to ``OUT/gpu_check_<date>.json`` (copy it into
+automatically), then one line per check, then ``p5``: rlcode / TRL for every pair whose two sides ran
+in the call (``p5_figure``). Results go to ``OUT/gpu_check_<date>.json`` (copy it into
 ``benchmarks/results/``) and the checks' own output to ``OUT/gpu_check.log``. Exit code 1 when any
 check failed or ran out of time, 2 when there is no GPU and no ``--dry-run``.
 
@@ -31,30 +33,50 @@ import time
 import traceback
 from pathlib import Path
 
-# Seconds per check on the lent GPU, in the order they run (the most telling first, so a short lease
-# still gets them). Sized from the first lease (H200, 2026-11-28, benchmarks/results/gpu_check_2026-11-28*.json):
-# a check's whole process took platform 4 s, model 19-21, grpo_bf16 70 (~30 of it starting: imports, loading
-# 6 GB of fp32 weights, Lightning), trl_bf16 50, shared_prefix 15, spiral 46, generation 44,
-# quantized_linears 13, fsdp and vllm 4-13 (skipped at once); each budget is about 1.5x that. fp16_mixed and
-# qlora_4bit outlasted 50 and 60 s there and were never timed: they get grpo_bf16's budget and more for the
-# 4-bit load. Their sum (FSDP and vLLM aside, 700 s) is over the whole-run budget on purpose: a check that
-# finishes early leaves its rest to later ones.
-BUDGETS_S = {"platform": 30, "model": 45, "grpo_bf16": 110, "trl_bf16": 80, "fp16_mixed": 110, "qlora_4bit": 120,
-             "shared_prefix": 30, "spiral": 75, "generation": 70, "quantized_linears": 30, "fsdp": 90, "vllm": 60}
+# Seconds per check on the lent GPU, in the order they run: the rlcode / TRL pairs first, the most telling
+# first (64x512 full, LoRA, checkpointing, then 16x128), then the older single-side checks, so a lease
+# that runs out of time still has the pairs. A budget is ~1.4x an estimate from the first lease (H200,
+# 2026-11-28, benchmarks/results/gpu_check_2026-11-28*.json), where a process spent ~30 s starting (imports,
+# 6 GB of fp32 weights, Lightning), rlcode's 16x128 steps took 19 s (the first: ~12 s of one-off CUDA and
+# allocator warm-up) then ~6.6 s (decoding 4.5-4.8 s: 128 launch-bound decode steps of ~36 ms, whatever
+# the rows), TRL's 13.7 then ~5.4 s (generate() ~24 ms a token). At 64x512 decoding is 4x the steps at
+# about the same cost each (launch-bound: 64 rows add little), ~18 s rlcode / ~12 s TRL, and training
+# ~14x the tokens, a few seconds: rlcode 30 + a 34 s warm-up + a 22 s step = ~86 s, TRL ~75. LoRA adds
+# peft's per-linear calls to every decode step (taken as 1.6x the decoding) and takes the optimizer and
+# weight gradients away: ~108 / ~87. Checkpointing recomputes the forward (~1.3x the training): ~88 /
+# ~77. 16x128 with two timed steps: ~62 / ~55. packed_pass (the first lease's shared_prefix, 15 s) adds
+# two passes of 8 micro-batches of 8 x ~712 tokens, never run on a GPU: 45, the most room for error.
+# generation (44 s there) adds the floor's copies, decode steps at 16 and 64 rows and a profile: ~55.
+# The older checks keep their budgets (fp16_mixed and qlora_4bit outlasted 50 and 60 s there and were
+# never timed). The pairs come to ~660 s with platform and model, over the whole-run budget: one call
+# gets platform, model and the 64x512 full and LoRA pairs (~380 s), the checkpointing pair only if
+# those finish early; the rest need a second call (``--checks``). A check that finishes early leaves
+# its rest to later ones.
+BUDGETS_S = {"platform": 30, "model": 45,
+             "rlcode_64x512": 120, "trl_64x512": 105, "rlcode_64x512_lora": 150, "trl_64x512_lora": 125,
+             "rlcode_64x512_ckpt": 125, "trl_64x512_ckpt": 110, "rlcode_16x128": 90, "trl_16x128": 80,
+             "packed_pass": 45, "generation": 80, "fp16_mixed": 110, "qlora_4bit": 120, "spiral": 75,
+             "quantized_linears": 30, "fsdp": 90, "vllm": 60}
 TOTAL_BUDGET_S = 540  # the lease's call gets timeout_s 580: the wheels' install (2 s) and the report fit under it
 DRY_RUN_BUDGET_S = 300  # on a shared 2-core CPU a dry-run check takes 10-40 s: the budget only catches a hang
-P5_GOAL = {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.5}
+# Issue 48's goal for rlcode against TRL at a code RL step's size: twice the completion tokens/s at most
+# 0.75x the peak memory for a full fine-tune, 0.5x under LoRA.
+P5_GOAL = {"64x512": {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.75},
+           "64x512_lora": {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.5}}
 
 
 def run_checks(args: argparse.Namespace) -> dict:
     """Every check in its own process, in order; the results dict written to ``args.out``."""
+    from run_record import run_record
+
     needs_no_model = checks_registry()[1]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "gpu_check.log"
     budgets = _budgets(args)
     deadline = time.monotonic() + (args.total_budget or float("inf"))
-    results: dict = {"date": datetime.date.today().isoformat(), "dry_run": args.dry_run, "checks": {}}
+    results: dict = {"date": datetime.date.today().isoformat(), "dry_run": args.dry_run,
+                     **run_record(), "checks": {}}
     with log_path.open("a") as log:
         for name in args.checks:
             left = deadline - time.monotonic()
@@ -69,7 +91,7 @@ def run_checks(args: argparse.Namespace) -> dict:
                 results.update(platform=outcome["line"], versions=outcome["versions"])
                 print(outcome["line"], flush=True)
             print(f"{name}: {json.dumps(outcome)}", flush=True)
-    results["p5"] = p5_figure(results["checks"])
+    results["p5"] = p5_figure(results["checks"], dry_run=args.dry_run)
     print(f"p5: {json.dumps(results['p5'])}", flush=True)
     results_path = out / f"gpu_check_{results['date']}.json"
     results_path.write_text(json.dumps(results, indent=1) + "\n")
@@ -123,24 +145,49 @@ def checks_registry() -> tuple[dict, set]:
     folder on the path first)."""
     import gpu_check_cases as cases
     import gpu_check_decoding as decoding
+    import gpu_check_pairs as pairs
 
-    return {**cases.CHECKS, **decoding.CHECKS}, cases.NEEDS_NO_MODEL | decoding.NEEDS_NO_MODEL
+    modules = (cases, pairs, decoding)
+    return ({name: check for module in modules for name, check in module.CHECKS.items()},
+            set().union(*(module.NEEDS_NO_MODEL for module in modules)))
 
 
-def p5_figure(checks: dict) -> dict:
-    """rlcode against TRL on the same bf16 GRPO steps: tokens/s and peak memory ratios, and the goal."""
-    ours, theirs = checks.get("grpo_bf16", {}), checks.get("trl_bf16", {})
-    if ours.get("status") != "ok" or theirs.get("status") != "ok":
-        return {"status": "not measured", "reason": "grpo_bf16 and trl_bf16 must both be ok"}
-    figure = {"goal": P5_GOAL}
-    if ours.get("tokens_per_s") and theirs.get("tokens_per_s"):
-        figure["tokens_per_s_ratio"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 2)
-    if ours.get("peak_gpu_gb") and theirs.get("peak_gpu_gb"):
-        figure["peak_memory_ratio"] = round(ours["peak_gpu_gb"] / theirs["peak_gpu_gb"], 2)
-    if {"tokens_per_s_ratio", "peak_memory_ratio"} <= set(figure):
-        figure["goal_met"] = (figure["tokens_per_s_ratio"] >= P5_GOAL["tokens_per_s_ratio_at_least"]
-                              and figure["peak_memory_ratio"] <= P5_GOAL["peak_memory_ratio_at_most"])
+def p5_figure(checks: dict, dry_run: bool = False) -> dict:
+    """rlcode / TRL for every pair whose two sides ran in this call: ``{pair: {"tokens_per_s_ratio",
+    "peak_memory_ratio"}}`` (a ratio None where a side lacks the figure: no GPU), ``not_measured`` (pairs
+    asked for with a side not ok), the goal and ``goal_met`` (None until every goal pair is measured,
+    unless one already misses it; always None in a dry run, whose CPU figures say nothing of a GPU's)."""
+    from gpu_check_pairs import PAIRS
+
+    figure, not_measured = {}, {}
+    for pair in PAIRS:
+        ours, theirs = checks.get(f"rlcode_{pair}"), checks.get(f"trl_{pair}")
+        if ours is None and theirs is None:
+            continue
+        ours, theirs = ours or {"status": "not asked"}, theirs or {"status": "not asked"}
+        if ours["status"] == theirs["status"] == "ok":
+            figure[pair] = {"tokens_per_s_ratio": _ratio(ours.get("tokens_per_s"), theirs.get("tokens_per_s")),
+                            "peak_memory_ratio": _ratio(ours.get("peak_gpu_gb"), theirs.get("peak_gpu_gb"))}
+        else:
+            not_measured[pair] = f"rlcode_{pair} {ours['status']}, trl_{pair} {theirs['status']}"
+    if not_measured:
+        figure["not_measured"] = not_measured
+    verdicts = []
+    for pair, goal in P5_GOAL.items():
+        ratios = figure.get(pair, {})
+        speed, memory = ratios.get("tokens_per_s_ratio"), ratios.get("peak_memory_ratio")
+        if speed is not None and speed < goal["tokens_per_s_ratio_at_least"] \
+                or memory is not None and memory > goal["peak_memory_ratio_at_most"]:
+            verdicts.append(False)
+        else:
+            verdicts.append(None if speed is None or memory is None else True)
+    figure["goal"] = P5_GOAL
+    figure["goal_met"] = None if dry_run else False if False in verdicts else (True if all(verdicts) else None)
     return figure
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return round(ours / theirs, 2) if ours and theirs else None
 
 
 def _budgets(args: argparse.Namespace) -> dict:
@@ -163,8 +210,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="one check's time budget instead of its default (repeatable)")
     parser.add_argument("--total-budget", type=float, default=None,
                         help=f"seconds for all checks together (default {TOTAL_BUDGET_S} on a GPU, none in a dry run)")
-    parser.add_argument("--steps", type=int, default=0, help="GRPO steps per check, the first is warm-up (0: 4; dry run: 1, untimed)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="GRPO steps per check, the first is warm-up (0: the pair's size's, 4 for the other "
+                             "checks; dry run: 1, untimed)")
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="new tokens of the checks other than the pairs (whose sizes fix theirs)")
     parser.add_argument("--work-dir", default=tempfile.gettempdir(), help="where the random model folder is saved")
     parser.add_argument("--child", choices=list(BUDGETS_S), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)

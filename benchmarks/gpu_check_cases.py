@@ -7,11 +7,12 @@ downloaded) with the offline tiny tokenizer (``tiny-random``: 512 ids, so prompt
 - ``platform``: the line ``rlcode fit`` prints (GPU, the precision and platform profile it picks
   automatically) and the versions of what the check runs on.
 - ``model``: builds and saves the random model folder the other checks load.
-- ``grpo_bf16`` / ``trl_bf16``: bf16-mixed GRPO steps with the HF backend, rlcode and TRL's
-  GRPOTrainer on the same prompts, G, lengths, length reward, loss and micro-batches: completion
-  tokens/s after a warm-up step and peak GPU memory (the P5 figure compares the two).
-- ``shared_prefix``: the shared-prefix training pass against the plain one under bf16 autocast on G
-  rows sharing a prompt: seconds per forward+backward and the largest log-prob difference.
+- the rlcode / TRL pairs (``rlcode_64x512``, ``trl_64x512``, ...): ``gpu_check_pairs.py``.
+- ``packed_pass``: the training pass with ``share_prefix`` (the packed pass: one decoder call per
+  micro-batch, each prompt once) against the plain one under bf16 autocast: seconds per
+  forward+backward and the largest log-prob difference, on the first lease's 8 rows sharing a
+  ~184-token prompt, and at a training step's size (``64x512``: 8 prompts of ~200 tokens x 8
+  completions of 512, one micro-batch per prompt as the Learner splits them).
 - ``fp16_mixed``: GRPO steps under 16-mixed (fp16 with loss scaling: the V100 path).
 - ``qlora_4bit``: GRPO steps with a 4-bit NF4 base (bitsandbytes' CUDA build) and LoRA r=16.
 - ``spiral``: one SPIRAL self-play step (TicTacToe) with the HF backend.
@@ -30,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: the reward below, gpu_vllm_smoke
-from gpu_measure import StepClock, free_memory, peak_gb, reset_peak, sync, throughput  # noqa: E402
+from gpu_measure import StepClock, free_memory, reset_peak, sync  # noqa: E402
 
 # Qwen2.5-1.5B-Instruct's config.json (architecture fields); the dry run keeps the family, shrinks the sizes.
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -55,8 +56,42 @@ def length_reward(prompts=None, completions=None, completion_ids=None, **columns
     return [len(text) / 100.0 for text in texts]
 
 
-def prompt_rows(count: int) -> list[dict]:
-    return [{"task_id": str(i), "prompt": [{"role": "user", "content": TASKS[i % len(TASKS)] + f" (#{i})"}]}
+@dataclass(frozen=True)
+class Size:
+    """One step's shape: ``prompts`` x ``generations`` rows of up to ``new_tokens``, prompts of about
+    ``prompt_tokens`` (the task repeated; None: one sentence), ``steps`` GRPO steps (the first a warm-up)."""
+
+    prompts: int
+    generations: int
+    new_tokens: int
+    prompt_tokens: int | None
+    steps: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.generations
+
+
+# 64x512 is what a code RL step looks like (8 prompts x 8 completions, ~200-token prompts, 512 new
+# tokens); 16x128 is the first lease's size, kept so its figures compare with the earlier ones. One
+# timed step at 64x512 (the lease has room for no more: see gpu_check.BUDGETS_S), two at 16x128, whose
+# steps varied by 40% on the first lease. The dry run keeps the shapes' roles, not their sizes.
+SIZES = {"64x512": Size(8, 8, 512, 200, 2), "16x128": Size(4, 4, 128, None, 3)}
+DRY_RUN_SIZES = {"64x512": Size(2, 2, 8, 40, 1), "16x128": Size(2, 2, 8, None, 1)}
+
+
+def task_text(i: int, tokenizer=None, tokens: int | None = None) -> str:
+    """Task ``i``; with ``tokens``, the task sentence repeated to about that many tokens (the tiny
+    tokenizer's ~24 a sentence: a realistic prompt length without a data set)."""
+    task = TASKS[i % len(TASKS)]
+    if tokens is None:
+        return task + f" (#{i})"
+    repeats = max(1, round(tokens / len(tokenizer(task + " ", add_special_tokens=False)["input_ids"])))
+    return " ".join([task] * repeats) + f" (#{i})"
+
+
+def prompt_rows(count: int, tokenizer=None, tokens: int | None = None) -> list[dict]:
+    return [{"task_id": str(i), "prompt": [{"role": "user", "content": task_text(i, tokenizer, tokens)}]}
             for i in range(count)]
 
 
@@ -75,27 +110,43 @@ class Setup:
         self.max_new_tokens = 8 if args.dry_run else args.max_new_tokens
         self.shape = DRY_RUN if args.dry_run else QWEN25_15B
         self.folder = model_folder(Path(args.work_dir), self.shape)
+        self.steps_asked = args.steps
 
-    def grpo(self, **extra):
+    def size(self, name: str) -> Size:
+        """A named step shape (tiny in a dry run); ``--steps`` replaces its steps."""
+        size = (DRY_RUN_SIZES if self.dry_run else SIZES)[name]
+        return replace(size, steps=self.steps_asked) if self.steps_asked else size
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder)
+
+    def size_rows(self, size: Size, count: int) -> list[dict]:
+        """``count`` prompt rows of ``size``'s prompt length (the same on both sides of a pair)."""
+        return prompt_rows(count, self.tokenizer() if size.prompt_tokens else None, size.prompt_tokens)
+
+    def grpo(self, generations: int | None = None, **extra):
         from rlcode.modes import GRPO
         from rlcode.training.learner import Learner
 
+        generations = generations or self.generations
         settings = dict(model_name=str(self.folder), max_new_tokens=self.max_new_tokens, temperature=1.0,
-                        learning_rate=1e-6, loss_type="dapo", beta=0.0, micro_batch_size=self.generations,
+                        learning_rate=1e-6, loss_type="dapo", beta=0.0, micro_batch_size=generations,
                         generation_seed=0)
-        mode = GRPO(rewards=["gpu_check_cases:length_reward"], reward_weights=None, num_generations=self.generations)
+        mode = GRPO(rewards=["gpu_check_cases:length_reward"], reward_weights=None, num_generations=generations)
         return Learner(mode=mode, **{**settings, **extra})
 
     def fit(self, module, precision: str, datamodule=None, steps: int | None = None, devices: int = 1,
-            strategy="auto") -> dict:
-        """Train ``steps`` steps; completion tokens/s after the first (warm-up) step, peak GPU memory."""
+            strategy="auto", rows: list[dict] | None = None, prompts: int | None = None) -> dict:
+        """Train ``steps`` steps of ``prompts`` rows each (from ``rows``, spares included: a step may not
+        update); completion tokens/s after the first (warm-up) step, the largest step's peak GPU memory."""
         import lightning as L
-        import torch
         from torch.utils.data import DataLoader, IterableDataset
 
-        steps = steps or self.steps
-        rows = prompt_rows(self.prompts * steps * 2)
-        batches = [rows[i:i + self.prompts] for i in range(0, len(rows), self.prompts)]
+        steps, prompts = steps or self.steps, prompts or self.prompts
+        rows = rows or prompt_rows(prompts * steps * 2)
+        batches = [rows[i:i + prompts] for i in range(0, len(rows), prompts)]
 
         class Batches(IterableDataset):
             def __iter__(self):
@@ -112,8 +163,8 @@ class Setup:
             trainer.fit(module, train_dataloaders=DataLoader(Batches(), batch_size=None, num_workers=0))
         else:
             trainer.fit(module, datamodule=datamodule)
-        result = clock.summary()
-        result.update(peak_gpu_gb=peak_gb(), optimizer_steps=trainer.global_step)
+        result = clock.summary()  # the Learner resets CUDA's peak at each step: its per-step peaks, not peak_gb()
+        result.update(optimizer_steps=trainer.global_step)
         del trainer
         free_memory()
         return result
@@ -186,89 +237,67 @@ def build_model_folder(folder: Path, shape: dict) -> Path:
     return folder
 
 
-def check_grpo_bf16(setup: Setup) -> dict:
-    return setup.fit(setup.grpo(precision="bf16-mixed"), "bf16-mixed")
-
-
-def check_trl_bf16(setup: Setup) -> dict:
-    """TRL 1.16's GRPOTrainer configured like the rlcode side (bf16, same prompts, G, lengths, reward, loss)."""
-    try:
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError as error:
-        return {"skipped": f"TRL is not importable ({error})"}
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-
-    tokenizer = AutoTokenizer.from_pretrained(setup.folder)
-    model = AutoModelForCausalLM.from_pretrained(setup.folder, dtype=torch.float32)
-    times, tokens = [], []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            times.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            times.append(time.perf_counter())
-
-    def reward(prompts=None, completions=None, completion_ids=None, **columns):
-        tokens.append(sum(len(ids) for ids in completion_ids))
-        return length_reward(completions=completions)
-
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="gpu-check-trl-"), use_cpu=not setup.cuda, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, dataloader_num_workers=0,
-        per_device_train_batch_size=setup.generations, gradient_accumulation_steps=setup.prompts,
-        num_generations=setup.generations, max_completion_length=setup.max_new_tokens, temperature=1.0, top_k=0,
-        top_p=1.0, beta=0.0, loss_type="dapo", bf16=True, learning_rate=1e-6, max_steps=setup.steps,
-        shuffle_dataset=False,
-        gradient_checkpointing=False)  # TRL's default is on; rlcode's GRPO check runs without (as step_throughput's sides)
-    reset_peak()
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list(prompt_rows(setup.prompts * setup.steps)), callbacks=[Clock()])
-    trainer.train()
-    result = dict(throughput(times, tokens), peak_gpu_gb=peak_gb(), optimizer_steps=trainer.state.global_step)
-    del trainer, model
-    free_memory()
-    return result
-
-
-def check_shared_prefix(setup: Setup) -> dict:
-    """Shared-prefix vs plain training pass in bf16 autocast: speed and log-prob agreement."""
+def check_packed_pass(setup: Setup) -> dict:
+    """The packed pass (``share_prefix=True``) vs the plain pass in bf16 autocast: speed and log-prob
+    agreement, on the first lease's shape (top level) and at a training step's (``64x512``)."""
     import torch
 
-    from rlcode.logprobs.sequence_logps import completion_logps
     from rlcode.models import load_model, load_tokenizer
 
     device = torch.device("cuda" if setup.cuda else "cpu")
     policy = load_model(str(setup.folder)).to(device).train()
     tokenizer = load_tokenizer(str(setup.folder))
-    rows = 8
-    prompt = tokenizer([TASKS[0] * (1 if setup.dry_run else 8)], return_tensors="pt")["input_ids"].to(device)
-    prompt_ids, prompt_mask = prompt.repeat(rows, 1), torch.ones_like(prompt).repeat(rows, 1)
     generator = torch.Generator().manual_seed(0)
-    length = setup.max_new_tokens
-    completion_ids = torch.randint(3, len(tokenizer), (rows, length), generator=generator).to(device)
-    completion_mask = torch.ones_like(completion_ids)
-    result = {"rows": rows, "prompt_tokens": prompt.size(1), "completion_tokens": length}
-    logps = {}
-    for share in (False, True, False, True):  # alternate; the second of each is timed
-        policy.zero_grad(set_to_none=True)
-        sync()
-        started = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            values = completion_logps(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
-                                      share_prefix=share)
-        values.sum().backward()
-        sync()
-        result[f"{'shared' if share else 'plain'}_s"] = round(time.perf_counter() - started, 4)
-        logps[share] = values.detach().float()
-    result["max_abs_logp_difference"] = float((logps[True] - logps[False]).abs().max())
-    result["speedup"] = round(result["plain_s"] / result["shared_s"], 2)
+
+    def micro_batch(text: str, rows: int, length: int):  # ``rows`` completions sharing the prompt ``text``
+        prompt = tokenizer([text], return_tensors="pt")["input_ids"]
+        completion_ids = torch.randint(3, len(tokenizer), (rows, length), generator=generator)
+        return [t.to(device) for t in (prompt.repeat(rows, 1), torch.ones_like(prompt).repeat(rows, 1),
+                                       completion_ids, torch.ones_like(completion_ids))]
+
+    first = [micro_batch(TASKS[0] * (1 if setup.dry_run else 8), 8, setup.max_new_tokens)]
+    result = {"rows": 8, "prompt_tokens": first[0][0].size(1), "completion_tokens": setup.max_new_tokens,
+              **_pass_against_plain(policy, first, device, warm_up=first)}
+    size = setup.size("64x512")
+    batches = [micro_batch(task_text(i, tokenizer, size.prompt_tokens), size.generations, size.new_tokens)
+               for i in range(size.prompts)]
+    result["64x512"] = {"prompts": size.prompts, "completions_per_prompt": size.generations,
+                        "prompt_tokens": max(batch[0].size(1) for batch in batches),
+                        "completion_tokens": size.new_tokens, "micro_batches": len(batches),
+                        **_pass_against_plain(policy, batches, device, warm_up=batches[:1])}
     del policy
     free_memory()
     return result
 
+
+def _pass_against_plain(policy, batches: list, device, warm_up: list) -> dict:
+    """Forward+backward of every micro-batch in ``batches``, plain then packed, each after a warm-up
+    on ``warm_up``: seconds of each (all micro-batches), their ratio, the largest log-prob difference."""
+    import torch
+
+    from rlcode.logprobs.sequence_logps import completion_logps
+
+    def run(share: bool, micro_batches: list) -> tuple[float, list]:
+        policy.zero_grad(set_to_none=True)
+        sync()
+        started, logps = time.perf_counter(), []
+        for prompt_ids, prompt_mask, completion_ids, completion_mask in micro_batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                values = completion_logps(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                          share_prefix=share)
+            values.sum().backward()
+            logps.append(values.detach().float())
+        sync()
+        return time.perf_counter() - started, logps
+
+    run(False, warm_up)
+    run(True, warm_up)
+    plain_s, plain = run(False, batches)
+    packed_s, packed = run(True, batches)
+    policy.zero_grad(set_to_none=True)
+    difference = max(float((a - b).abs().max()) for a, b in zip(packed, plain))
+    return {"plain_s": round(plain_s, 4), "packed_s": round(packed_s, 4), "speedup": round(plain_s / packed_s, 2),
+            "max_abs_logp_difference": difference}
 
 def check_fp16_mixed(setup: Setup) -> dict:
     precision = "16-mixed" if setup.cuda else "bf16-mixed"  # Lightning: no fp16 autocast on CPU
@@ -351,7 +380,7 @@ def check_vllm(setup: Setup) -> dict:
     return result
 
 
-CHECKS = {"platform": check_platform, "model": check_model, "grpo_bf16": check_grpo_bf16,
-          "trl_bf16": check_trl_bf16, "fp16_mixed": check_fp16_mixed, "qlora_4bit": check_qlora,
-          "shared_prefix": check_shared_prefix, "spiral": check_spiral, "fsdp": check_fsdp, "vllm": check_vllm}
+CHECKS = {"platform": check_platform, "model": check_model, "packed_pass": check_packed_pass,
+          "fp16_mixed": check_fp16_mixed, "qlora_4bit": check_qlora, "spiral": check_spiral, "fsdp": check_fsdp,
+          "vllm": check_vllm}
 NEEDS_NO_MODEL = {"platform", "model"}

@@ -49,12 +49,15 @@ def _cpu_flags() -> list[str]:
 
 
 def _gpu() -> str | None:
+    """The GPUs by name, from nvidia-smi: no CUDA context in this process (a parent of GPU checks must
+    not hold device memory while its children measure theirs)."""
     try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - a record, not a check
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return ", ".join(names) if done.returncode == 0 and names else None
 
 
 def _versions() -> dict[str, str]:
@@ -69,7 +72,10 @@ def _versions() -> dict[str, str]:
 
 def _commit() -> dict:
     def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        try:  # a lent machine's copy of the tree may have no git, or no .git
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        except OSError:
+            return ""
         return done.stdout.strip()
 
     return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "rlcode"))}
