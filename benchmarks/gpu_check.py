@@ -59,7 +59,7 @@ BUDGETS_S = {"platform": 30, "model": 45,
              "quantized_linears": 30, "fsdp": 90, "vllm": 60}
 TOTAL_BUDGET_S = 540  # the lease's call gets timeout_s 580: the wheels' install (2 s) and the report fit under it
 DRY_RUN_BUDGET_S = 300  # on a shared 2-core CPU a dry-run check takes 10-40 s: the budget only catches a hang
-# Issue 48's goal for rlcode against TRL at a code RL step's size: twice the completion tokens/s at most
+# The GPU goal for rlcode against TRL at a code RL step's size: twice the completion tokens/s at most
 # 0.75x the peak memory for a full fine-tune, 0.5x under LoRA.
 P5_GOAL = {"64x512": {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.75},
            "64x512_lora": {"tokens_per_s_ratio_at_least": 2.0, "peak_memory_ratio_at_most": 0.5}}
