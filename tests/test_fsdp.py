@@ -35,6 +35,7 @@ def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
     import torch
 
     import rlcode.logprobs.sequence_logps as sequence_logps
+    import rlcode.training.kl_reference as kl_reference
     import rlcode.training.learner as learner_module
     from exact_float64 import in_float64
     from grpo_harness import build_module, fit_steps
@@ -61,7 +62,7 @@ def _run_equivalence(out_dir: Path, devices: int, variant: str) -> None:
         finally:
             torch.set_default_dtype(default)
     learner_module.load_model = load_in_float64
-    learner_module.compute_dtype = lambda precision: torch.float64  # the reference copy's dtype: float64 in both runs
+    kl_reference.compute_dtype = lambda precision: torch.float64  # the reference copy's dtype: float64 in both runs
 
     gradients = {}
 

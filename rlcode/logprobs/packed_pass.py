@@ -56,10 +56,9 @@ class PackedLayout:
 
 def packed_pass_support(model: nn.Module, longest_row: int) -> str | None:
     """None if ``model`` can run the packed pass over rows of up to ``longest_row`` tokens, else why not."""
-    config = getattr(model, "config", None)
+    config = _text_config(model)
     if config is None:
         return f"{type(model).__name__} has no transformers config"
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in MASKED_ATTENTION:
         return (f"its attention implementation {implementation!r} takes no prefix-sharing mask "
@@ -68,6 +67,12 @@ def packed_pass_support(model: nn.Module, longest_row: int) -> str | None:
     if window is not None and longest_row > window:
         return f"a row of {longest_row} tokens is longer than its sliding window of {window}"
     return None
+
+
+def _text_config(model: nn.Module):
+    """The model's (text) transformers config, whose attention settings the decoder reads; None without one."""
+    config = getattr(model, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def packed_layout(prompts: list[list[int]], completions: list[list[int]], device: torch.device) -> PackedLayout:
@@ -127,8 +132,8 @@ def attention_mask(layout: PackedLayout, model: nn.Module, dtype: torch.dtype):
     """The prefix-sharing causal mask in the form ``model``'s attention takes: [1, 1, N, N] boolean
     (SDPA: True attends), additive in ``dtype`` (eager), or a FlexAttention ``BlockMask``."""
     segment_ids, ancestors = layout.segment_ids, layout.ancestors
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if config._attn_implementation == "flex_attention":
+    implementation = _text_config(model)._attn_implementation
+    if implementation == "flex_attention":
         from torch.nn.attention.flex_attention import create_block_mask
 
         def sees(batch, head, query, key):  # noqa: ARG001 - FlexAttention's mask_mod signature
@@ -137,7 +142,7 @@ def attention_mask(layout: PackedLayout, model: nn.Module, dtype: torch.dtype):
         return create_block_mask(sees, B=None, H=None, Q_LEN=layout.length, KV_LEN=layout.length,
                                  device=segment_ids.device)
     sees = ancestors[segment_ids.unsqueeze(1), segment_ids.unsqueeze(0)].tril_()  # [N, N] query x key
-    if config._attn_implementation == "eager":
+    if implementation == "eager":
         return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(
             ~sees, torch.finfo(dtype).min)[None, None]
     return sees[None, None]

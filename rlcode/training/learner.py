@@ -25,7 +25,6 @@ policy (and the reference, and any frozen copy a mode takes) after loading it
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,8 +32,7 @@ import lightning as L
 import torch
 
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
-from rlcode.logprobs.sequence_logps import batched_completion_logps
-from rlcode.models import compute_dtype, disable_dropout, is_lora_model, load_model, load_tokenizer, reference_mode
+from rlcode.models import disable_dropout, is_lora_model, load_model, load_tokenizer
 from rlcode.models.adapters import LoraSettings, Quantization
 from rlcode.models.sharding import ShardingPlan, broadcast_from_rank_zero, is_sharded, reshard, shard_model, sharding_plan
 from rlcode.models.user_model import from_pretrained_model
@@ -47,6 +45,7 @@ from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
 from rlcode.training.device_memory import peak_memory_gib, reset_peak_memory
 from rlcode.training.fsdp_strategy import sharding_refusal
 from rlcode.training.gradient_sync import clip_grad_norm, no_gradient_sync
+from rlcode.training.kl_reference import KLReference
 from rlcode.training.mode import Mode
 from rlcode.training.optimizer_steps import count_step_without_update, update
 from rlcode.training.optimizers import OptimizerName, build_optimizer
@@ -63,7 +62,7 @@ if TYPE_CHECKING:
     from rlcode.rollout.base import RolloutBatch
 
 
-class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
+class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningModule):
     def __init__(
         self,
         mode: Mode,
@@ -209,13 +208,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
         if hp.disable_dropout:
             disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
-        if hp.beta != 0.0 and not is_lora_model(self.policy):
-            # Copied before any checkpoint is restored: the reference stays the starting policy.
-            # object.__setattr__: nn.Module would register it as a submodule, and every checkpoint
-            # would carry a second copy of the weights. Only ever run forward, so it is kept in the
-            # compute dtype (bf16 under bf16-mixed: half the memory of the fp32 master weights).
-            reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
-            object.__setattr__(self, "_reference", reference.to(compute_dtype(self._training_precision())))
+        self._keep_reference()  # the KL term's starting policy, copied before any checkpoint is restored
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
@@ -388,20 +381,6 @@ class Learner(ExactResume, RunContext, PolicyRollouts, L.LightningModule):
     @property
     def success_meaning(self) -> str | None:
         return self.mode.description().success_meaning
-
-    # ---- log-probs under the reference ------------------------------------------------------------
-    def _reference_logps(self, rollout: RolloutBatch):
-        hp = self.hparams
-        model = self._reference if self._reference is not None else self.policy
-
-        def logps():
-            return batched_completion_logps(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                            rollout.completion_mask, hp.temperature, hp.micro_batch_size,
-                                            share_prefix=hp.share_prefix)
-        if self._reference is not None:
-            return logps()
-        with reference_mode(self.policy):  # LoRA: the base without adapters is the reference
-            return logps()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
