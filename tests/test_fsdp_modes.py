@@ -3,7 +3,7 @@ multi-step MBPP and the code game with a frozen predictor, each run twice throug
 under DDP and under FSDP, in float64. DDP is shown equal to one process on the combined batch
 (tests/test_grpo_ddp.py, test_advantage_estimators_ddp.py); here FSDP must equal DDP: the same
 rollouts (generation gathers the shards; the frozen copies are sharded alike), the same gradients at
-the update (SPIRAL's ranks train different numbers of turn rows, which the fixed-shape sync pass
+the update (SPIRAL's ranks train different numbers of turn rows, which the zero-weighted padding passes
 must absorb) and the same weights after it.
 
 The tiny random model solves nothing, so the multi-step and code-game rewards would be flat: both get

@@ -100,6 +100,21 @@ def test_failed_build_leaves_no_folder_and_a_retry_succeeds(tmp_path):
     assert (target / "done.txt").read_text() == "ok"
 
 
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0)])
+def test_a_model_without_its_weights_is_the_same_model_on_the_meta_device(lora):
+    """What the ranks other than 0 build under FSDP: every tensor rank 0 loads, by name, shape, dtype and
+    trainability, none of them in memory, and the generation settings that stop decoding."""
+    whole = load_model("tiny-random", precision="bf16-true", lora=lora, gradient_checkpointing=True)
+    empty = load_model("tiny-random", precision="bf16-true", lora=lora, gradient_checkpointing=True, weights=False)
+    described = [{name: (tuple(t.shape), t.dtype, t.requires_grad) for name, t in model.state_dict(keep_vars=True).items()}
+                 for model in (whole, empty)]
+    assert described[0] == described[1]
+    assert all(t.is_meta for t in empty.state_dict().values()) and not any(t.is_meta for t in whole.state_dict().values())
+    assert empty.generation_config.to_dict() == whole.generation_config.to_dict()
+    with pytest.raises(ValueError, match="quantized"):
+        load_model("tiny-random", lora=LoraSettings(), quantization="4bit", weights=False)
+
+
 def test_unreachable_hub_model_gives_one_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match="not a local folder.*tiny-random"):

@@ -94,6 +94,7 @@ def load_model(
     lora: LoraSettings | None = None,
     quantization: Quantization | None = None,
     trust_remote_code: bool = False,
+    weights: bool = True,
 ):
     """Load a causal LM for training, optionally with LoRA adapters on a (quantized) base.
 
@@ -107,6 +108,9 @@ def load_model(
         quantization: "4bit" (QLoRA, NF4) or "8bit" base weights via bitsandbytes; needs `lora`
             (quantized weights cannot be trained) and a CUDA device.
         trust_remote_code: allow custom model code from the hub repository.
+        weights: False builds the same model on the meta device from its config (no weights read, no
+            memory): the other ranks of a sharded run, which take rank 0's weights
+            (``rlcode.models.sharding.shard_from_rank_zero``).
     """
     from transformers import AutoModelForCausalLM
 
@@ -119,7 +123,12 @@ def load_model(
         # bitsandbytes weights cannot be moved after loading: place them on this rank's GPU now (or the
         # CPU, where bitsandbytes >= 0.48 runs 4-bit too: the tests use that).
         kwargs["device_map"] = {"": _quantized_device()}
-    model = _from_pretrained(AutoModelForCausalLM, source, name_or_path, **kwargs)
+    if weights:
+        model = _from_pretrained(AutoModelForCausalLM, source, name_or_path, **kwargs)
+    else:
+        if quantization is not None:  # bitsandbytes packs weights as it reads them: nothing to build empty
+            raise ValueError("a quantized model cannot be built without its weights (weights=False)")
+        model = _on_meta_device(source, name_or_path, dtype=kwargs["dtype"], trust_remote_code=trust_remote_code)
     if gradient_checkpointing:
         _enable_activation_checkpointing(model)
         if lora is not None:
@@ -128,6 +137,21 @@ def load_model(
         model = apply_lora(
             model, lora, quantized=quantization is not None, gradient_checkpointing=gradient_checkpointing
         )
+    return model
+
+
+def _on_meta_device(source: str, requested: str, *, dtype, trust_remote_code: bool):
+    """The model ``from_pretrained`` would build, with its generation config, on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = _from_pretrained(AutoConfig, source, requested, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    try:  # the stop tokens and sampling defaults generation reads, as from_pretrained sets them
+        model.generation_config = GenerationConfig.from_pretrained(source)
+    except OSError:  # the folder has none: from_pretrained keeps the one made from the config too
+        pass
     return model
 
 

@@ -4,23 +4,26 @@ Each decoder layer is a group of its own (its parameters gathered just before it
 then the root holds the rest: embeddings, final norm and head (a tied head is the embedding). Every
 rank keeps 1/N of each parameter, gradient and optimizer state.
 
-FSDP2 gathers a group's parameters in the group's ``forward``. rlcode runs three things that are not
-a module's forward, and each is handled here:
+FSDP2 gathers a group's parameters in the group's ``forward``. What rlcode does around that:
 
 - the fused-head log-probs and the packed pass call the decoder body and read the head's
   weight themselves: ``as_forward(model, function, ...)`` runs ``function(model, ...)`` as the root's
   forward (``register_fsdp_forward_method``), so the root's parameters are gathered before, the head's
   weight is a plain tensor inside (the fused head, not the full-logits fallback), and its gradients
   are reduce-scattered after the backward;
+- loading: rank 0 holds the whole model; the others may build it on the meta device
+  (``load_model(weights=False)``). ``shard_from_rank_zero`` shards it, then broadcasts rank 0's tensors
+  one at a time, each rank keeping its slice: a node holds one whole copy at load, not one per rank;
 - generation runs the model once per token: ``gathered(model)`` gathers every group once around it and
   frees them after, so a decode step runs no collective (ranks may stop at different lengths) at the
   memory of the whole model for the length of the call;
-- a training update runs a data-dependent number of passes per rank (micro-batches), and FSDP's collectives must come in the same order on every rank: ``gathered_for_update``
-  keeps the policy gathered with gradient sync off for the update's passes, and ``gradient_sync``
-  wraps one pass of the same shape on every rank that reduce-scatters the accumulated gradients
-  (``rlcode.training.policy_update``). So a step holds the gathered weights and an unsharded
-  gradient (parameters x (param dtype + 4) bytes) on top of the 1/N shards of the weights, gradients
-  and optimizer state (what FSDP's ZeRO-3 would free between layers, traded for any step shape);
+- a training update runs FSDP as designed: each layer's parameters gathered for its forward and again
+  for its backward, freed after each, gradients reduce-scattered into fp32 shards after every
+  micro-batch. FSDP's collectives must come in the same order on every rank, so every rank runs the
+  same number of passes (``rlcode.training.policy_update`` agrees on the count; a rank with fewer
+  micro-batches runs zero-weighted ones), each one decoder call (packed or plain) through every layer.
+  A step's peak is then the 1/N shards of weights, gradients and optimizer state plus about two
+  gathered layers, the root (embeddings, head) and one micro-batch's activations;
 - a pass without gradients leaves the root gathered (FSDP keeps the root for the backward it expects
   next); an optimizer built then would hold the gathered copies and never update the shards, and the
   memory stays taken: ``reshard(model)`` after every such pass, and before the optimizer is built.
@@ -98,19 +101,39 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def broadcast_from_rank_zero(model: nn.Module, plan: ShardingPlan) -> None:
-    """Every parameter and buffer of the whole (unsharded) ``model`` made rank 0's, as DDP does when it
-    wraps: sharding keeps each rank's own slice of its own copy, and copies made at random (LoRA's
-    adapters, a model built from a config) differ between ranks."""
-    import torch.distributed as dist
+def is_rank_zero(plan: ShardingPlan) -> bool:
+    """Whether this process is rank 0 of the data-parallel group: the one that loads whole weights."""
+    return plan.mesh.get_local_rank() == 0
 
-    group, device = plan.mesh.get_group(), torch.device(plan.mesh.device_type)
+
+def shard_from_rank_zero(model: nn.Module, plan: ShardingPlan) -> nn.Module:
+    """Shard ``model`` in place (``shard_model``) holding rank 0's weights on every rank; returns it.
+
+    Rank 0's ``model`` is whole; another rank's may be whole (a copy handed in, LoRA adapters drawn at
+    random, which must become rank 0's as DDP makes them) or on the meta device (built from the config
+    alone). Each of rank 0's tensors is broadcast in turn and every rank keeps its own slice
+    (``set_model_state_dict(broadcast_from_rank0=True)``); buffers, rotary tables among them, are not all
+    in a state dict and are broadcast whole.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    # rank 0's whole tensors (references, not copies): held until broadcast, then freed with the model's
+    whole = model.state_dict() if is_rank_zero(plan) else {}
+    shard_model(model, plan)
+    device = torch.device(plan.mesh.device_type)
+    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        model.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del whole
+    group = plan.mesh.get_group()
     with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            moved = tensor.data.to(device)
+        for buffer in model.buffers():
+            moved = buffer.to(device)
             dist.broadcast(moved, src=dist.get_global_rank(group, 0), group=group)
-            if moved is not tensor.data:
-                tensor.data.copy_(moved)
+            if moved is not buffer:
+                buffer.copy_(moved)
+    return model
 
 
 def shard_model(model: nn.Module, plan: ShardingPlan) -> nn.Module:
@@ -153,41 +176,9 @@ def reshard(model: nn.Module) -> None:
 def gathered(model: nn.Module) -> Iterator[None]:
     """Every group of a sharded ``model`` gathered once for the block, freed after (no-op unsharded):
     for passes without gradients, generation above all."""
-    with _gathered(model, for_update=False):
-        yield
-
-
-@contextlib.contextmanager
-def gathered_for_update(model: nn.Module) -> Iterator[None]:
-    """``gathered``, and kept gathered through backward with gradient sync off: the block's passes run
-    no collective, whatever their number and shape on each rank, and the gradients accumulate
-    unsharded (in fp32 under bf16 mixed precision). ``gradient_sync`` around one last pass of the same
-    shape on every rank reduce-scatters them. No-op unsharded."""
-    with _gathered(model, for_update=True):
-        yield
-
-
-@contextlib.contextmanager
-def gradient_sync(model: nn.Module) -> Iterator[None]:
-    """Inside ``gathered_for_update``: the block's backward reduce-scatters the accumulated gradients."""
-    modules = fsdp_modules(model)
-    for module in modules:
-        module.set_requires_gradient_sync(True, recurse=False)
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.set_requires_gradient_sync(False, recurse=False)
-
-
-@contextlib.contextmanager
-def _gathered(model: nn.Module, for_update: bool) -> Iterator[None]:
     modules = fsdp_modules(model)
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
-        if for_update:
-            module.set_reshard_after_backward(False, recurse=False)
-            module.set_requires_gradient_sync(False, recurse=False)
         module.unshard()
     try:
         yield
@@ -195,9 +186,6 @@ def _gathered(model: nn.Module, for_update: bool) -> Iterator[None]:
         for module in modules:
             # the layers free after each forward again; the root keeps what FSDP chose for it (not to)
             module.set_reshard_after_forward(module is not model, recurse=False)
-            if for_update:
-                module.set_reshard_after_backward(True, recurse=False)
-                module.set_requires_gradient_sync(True, recurse=False)
             module.reshard()
 
 

@@ -55,13 +55,13 @@ class Ranks:
             return decision
         return bool(self.sum(torch.tensor(int(decision), device=self.device)) > 0)
 
-    def least(self, count: int) -> int:
-        """The smallest of ``count`` over the ranks."""
+    def count_range(self, count: int) -> tuple[int, int]:
+        """The smallest and the largest of ``count`` over the ranks (one all-reduce)."""
         if self.world_size == 1:
-            return count
-        least = torch.tensor(count, device=self.device)
-        torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
-        return int(least)
+            return count, count
+        negated_least_and_most = torch.tensor([-count, count], device=self.device)
+        torch.distributed.all_reduce(negated_least_and_most, op=torch.distributed.ReduceOp.MAX)
+        return -int(negated_least_and_most[0]), int(negated_least_and_most[1])
 
     def std(self, values: Tensor) -> float:
         """Bessel std of every rank's ``values`` (NaN left out), from float64 sums (NaN when < 2)."""

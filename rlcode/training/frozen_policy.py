@@ -11,17 +11,18 @@ from __future__ import annotations
 import copy
 
 from rlcode.models import is_lora_model, reference_mode
-from rlcode.models.sharding import ShardingPlan, shard_model
+from rlcode.models.sharding import ShardingPlan, shard_from_rank_zero
 from rlcode.rollout.hf_backend import HFGenerateBackend
 
 
 def frozen_copy(policy, plan: ShardingPlan | None = None):
     """A frozen deep copy for full fine-tuning, sharded by ``plan`` under FSDP (taken before the policy
-    is sharded: ``Learner.configure_model`` shards it last); None under LoRA (the adapter-free base serves)."""
+    is sharded: ``Learner.configure_model`` shards it last; rank 0's copy is whole, the others' may be
+    empty, on the meta device); None under LoRA (the adapter-free base serves)."""
     if is_lora_model(policy):
         return None
     frozen = copy.deepcopy(policy).requires_grad_(False).eval()
-    return shard_model(frozen, plan) if plan is not None else frozen
+    return shard_from_rank_zero(frozen, plan) if plan is not None else frozen
 
 
 def frozen_generator(module, frozen):

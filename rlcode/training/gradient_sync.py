@@ -7,8 +7,8 @@ from contextlib import nullcontext
 
 def no_gradient_sync(strategy):
     """Accumulate gradients locally (DDP's ``no_sync``); strategies without a sync: nothing to block.
-    Under FSDP the update turns sync off itself (``rlcode.models.sharding.gathered_for_update``); the
-    strategy's own block is a no-op there."""
+    Under FSDP every pass reduce-scatters its gradients (``rlcode.training.policy_update``): nothing is
+    blocked there."""
     from lightning.pytorch.strategies import DDPStrategy
 
     return strategy.block_backward_sync() if isinstance(strategy, DDPStrategy) else nullcontext()

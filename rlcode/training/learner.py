@@ -34,7 +34,8 @@ import torch
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossType, mask_truncated
 from rlcode.models import disable_dropout, is_lora_model, load_model, load_tokenizer
 from rlcode.models.adapters import LoraSettings, Quantization
-from rlcode.models.sharding import ShardingPlan, broadcast_from_rank_zero, is_sharded, reshard, shard_model, sharding_plan
+from rlcode.models.sharding import (ShardingPlan, is_rank_zero, is_sharded, reshard, shard_from_rank_zero,
+                                    sharding_plan)
 from rlcode.models.user_model import from_pretrained_model
 from rlcode.rollout.backends import build_backend
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
@@ -201,10 +202,10 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         if self.policy is None:  # else handed in by from_pretrained_model, with its tokenizer
             self.tokenizer = load_tokenizer(hp.model_name)
             lora = LoraSettings(**hp.lora) if isinstance(hp.lora, dict) else hp.lora  # hparams may hold a dict
+            # Sharded, only rank 0 reads the weights; the others build the model empty and take its slices
+            weights = self.sharding_plan is None or is_rank_zero(self.sharding_plan)
             self.policy = load_model(hp.model_name, precision=hp.precision, quantization=hp.quantization,
-                                     gradient_checkpointing=hp.gradient_checkpointing, lora=lora)
-        if self.sharding_plan is not None:  # every rank shards rank 0's weights (LoRA's start at random)
-            broadcast_from_rank_zero(self.policy, self.sharding_plan)
+                                     gradient_checkpointing=hp.gradient_checkpointing, lora=lora, weights=weights)
         if hp.disable_dropout:
             disable_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; generation switches back and forth itself
@@ -216,9 +217,9 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
                                      rollout_precision=hp.get("rollout_precision", "same"))
         self.mode.configure(self)  # e.g. a frozen copy of the starting policy to play against
         if self.sharding_plan is not None:  # in place, after every copy was taken from the whole policy
-            shard_model(self.policy, self.sharding_plan)
+            shard_from_rank_zero(self.policy, self.sharding_plan)  # rank 0's weights (LoRA's start at random)
             if self._reference is not None:
-                shard_model(self._reference, self.sharding_plan)
+                shard_from_rank_zero(self._reference, self.sharding_plan)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)  # ExactResume: the mode's state now, RNG at the first step
@@ -326,7 +327,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         hooks = TrainerHooks(backward=self.manual_backward, no_sync=lambda: no_gradient_sync(self.trainer.strategy),
                              step=lambda counted: update(optimizer, counted=counted),
                              world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),
-                             least_over_ranks=ranks.least)
+                             count_range=ranks.count_range)
         # Said before the update, not after: the int8 sampler's copy (~110 MB) is then freed for the update's
         # memory peak; nothing generates until the update is done, so every copy is rebuilt from new weights.
         self._weights_changed()

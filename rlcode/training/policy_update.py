@@ -5,12 +5,12 @@ loss (``LossTotals``), gradients are all-reduced once per update under DDP, and 
 however many updates it makes. Everything it uses is passed in: the loss settings
 (``UpdateSettings``) and the trainer's hooks (``TrainerHooks``: backward, no-sync, optimizer step).
 
-Under FSDP (a sharded policy) every rank must run the same collectives in the same order, but the
-passes of a step are data-dependent: ranks train different numbers of micro-batches (one decoder
-call each, packed or plain). So an update runs with the policy
-gathered once and gradient sync off (no collective in any real pass, gradients accumulated unsharded
-in fp32), then one pass of fixed shape on every rank, zero-weighted, with sync on: the single point
-where each group's accumulated gradient is reduce-scattered (``_sync_sharded_gradients``).
+Under FSDP (a sharded policy) every rank must run the same collectives in the same order: each
+pass gathers every layer for its forward and its backward and reduce-scatters its gradients. Every
+pass is one decoder call through every layer (packed or plain), so the ranks agree on the number of
+passes before the update (one all-reduce) and a rank with fewer micro-batches runs zero-weighted
+one-token passes up to it. Each layer is then gathered only while it runs and the gradients are
+sharded after every micro-batch: no rank holds the whole model or a whole gradient.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rlcode.algorithms.importance_correction import (corrected_advantages, log_r
                                                      weight_metrics)
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
-from rlcode.models.sharding import gathered_for_update, is_sharded
+from rlcode.models.sharding import is_sharded
 from rlcode.training.micro_batches import micro_batches as split_rows
 
 if TYPE_CHECKING:
@@ -66,9 +66,10 @@ class TrainerHooks:
     give_up: Callable[[], bool] = lambda: False
     """Whether the ranks agreed to stop (``step_abandon.stop_agreed``): a collective, so it is asked at
     the same points on every rank."""
-    least_over_ranks: Callable[[int], int] = lambda count: count
-    """The smallest of a count over the ranks (a collective): how many of its micro-batches each rank
-    may ask ``give_up`` before, so that every rank asks it equally often."""
+    count_range: Callable[[int], tuple[int, int]] = lambda count: (count, count)
+    """The smallest and largest of a count over the ranks (one collective): of the micro-batch count,
+    how many of them each rank may ask ``give_up`` before (every rank asks it equally often), and
+    under FSDP how many passes every rank runs."""
 
 
 class UpdateAbandoned(Exception):
@@ -108,41 +109,39 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
         if rollout.sampling_logps is not None and cap is not None else None
     ratios = torch.zeros_like(weights) if weights is not None else None  # log ratios, for the metrics
     parts_sum: dict[str, Any] = {}
-    sharded = is_sharded(policy)
-    # Stop points: before each micro-batch of the first pass, while no optimizer step has changed the
-    # weights. Sharded, only before the first: FSDP keeps unsynced gradients where zero_grad cannot clear them.
-    stop_points = 1 if sharded else hooks.least_over_ranks(len(micro_batches))
+    # Stop points: before each micro-batch of the first pass, while no optimizer step has changed the weights.
+    stop_points, most = hooks.count_range(len(micro_batches))
+    padding = most - len(micro_batches) if is_sharded(policy) else 0  # FSDP: equal passes on every rank
     for iteration in range(hp.num_iterations):
-        with gathered_for_update(policy):  # sharded: gathered once, gradient sync off; else nothing
-            for position, index in enumerate(micro_batches):
-                if iteration == 0 and position < stop_points and hooks.give_up():
-                    raise UpdateAbandoned
-                logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
-                                         rollout.completion_ids[index], rollout.completion_mask[index],
-                                         hp.temperature, share_prefix=hp.share_prefix)
-                if iteration == 0 and old_logps is not None:
-                    old_logps[index] = logps.detach()
-                if iteration == 0 and weights is not None:
-                    ratios[index] = log_ratios(logps, rollout.sampling_logps[index], loss_mask[index])
-                    weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
-                                                                  loss_mask[index], cap)
-                row_advantages = advantages[index] if weights is None else \
-                    corrected_advantages(advantages[index], weights[index])  # [b] or [b, T]
-                loss, parts = policy_loss(
-                    logps, row_advantages, loss_mask[index],
-                    None if iteration == 0 else old_logps[index],
-                    None if ref_logps is None else ref_logps[index],
-                    loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
-                    beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                    max_completion_length=hp.max_completion_length, totals=totals)
-                last = position == len(micro_batches) - 1 and not sharded  # sharded: the sync pass syncs
-                scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
-                with nullcontext() if last else hooks.no_sync():
-                    hooks.backward(loss * scale)
-                if contributes:
-                    _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
-            if sharded:
-                _sync_sharded_gradients(policy, hooks, hp, rollout)
+        for position, index in enumerate(micro_batches):
+            if iteration == 0 and position < stop_points and hooks.give_up():
+                raise UpdateAbandoned
+            logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
+                                     rollout.completion_ids[index], rollout.completion_mask[index],
+                                     hp.temperature, share_prefix=hp.share_prefix)
+            if iteration == 0 and old_logps is not None:
+                old_logps[index] = logps.detach()
+            if iteration == 0 and weights is not None:
+                ratios[index] = log_ratios(logps, rollout.sampling_logps[index], loss_mask[index])
+                weights[index] = truncated_importance_weights(logps, rollout.sampling_logps[index],
+                                                              loss_mask[index], cap)
+            row_advantages = advantages[index] if weights is None else \
+                corrected_advantages(advantages[index], weights[index])  # [b] or [b, T]
+            loss, parts = policy_loss(
+                logps, row_advantages, loss_mask[index],
+                None if iteration == 0 else old_logps[index],
+                None if ref_logps is None else ref_logps[index],
+                loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
+                beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
+                max_completion_length=hp.max_completion_length, totals=totals)
+            last = position == len(micro_batches) - 1
+            scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
+            with nullcontext() if last else hooks.no_sync():
+                hooks.backward(loss * scale)
+            if contributes:
+                _accumulate(parts_sum, {"loss": loss.detach(), **parts.as_dict()})
+        for _ in range(padding):
+            _zero_weighted_pass(policy, hooks, hp, rollout)
         hooks.step(iteration == hp.num_iterations - 1)
     if not contributes:
         return {}
@@ -155,17 +154,14 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     return parts
 
 
-def _sync_sharded_gradients(policy, hooks: TrainerHooks, hp: UpdateSettings, rollout) -> None:
-    """The one pass with gradient sync on, the same shape on every rank (one row of one prompt and one
-    completion token, the plain pass), weighted 0: each group's post-backward reduce-scatters what the
-    update accumulated, and the root's final callback those of groups this pass gave no gradient."""
-    from rlcode.models.sharding import gradient_sync
-
+def _zero_weighted_pass(policy, hooks: TrainerHooks, hp: UpdateSettings, rollout) -> None:
+    """One pass of one one-token row, weighted 0: a sharded rank's share of the collectives of a pass it
+    has no micro-batch for (every layer gathered, its zero gradient reduce-scattered)."""
     dummy, _, _, _ = _dummy_row(rollout, rollout.completion_mask)
-    with gradient_sync(policy):
-        logps = completion_logps(policy, dummy.prompt_ids, dummy.prompt_mask, dummy.completion_ids,
-                                 dummy.completion_mask, hp.temperature, share_prefix=False)
-        hooks.backward(logps.sum() * 0.0)
+    logps = completion_logps(policy, dummy.prompt_ids, dummy.prompt_mask, dummy.completion_ids,
+                             dummy.completion_mask, hp.temperature, share_prefix=False)
+    hooks.backward(logps.sum() * 0.0)
+
 
 def _accumulate(sums: dict[str, Any], parts: dict[str, Any]) -> None:
     """Add detached 0-d tensors on the device: no host sync per micro-batch."""
