@@ -34,7 +34,7 @@ from rlcode.rollout.vllm.engine import (
     VLLMSettings,
     autocast_off,
     build_engine,
-    engine_model,
+    load_into_engine,
     placement_for,
 )
 from rlcode.rollout.vllm.requests import (
@@ -149,10 +149,8 @@ class VLLMBackend:
                 torch.cuda.empty_cache()
             llm.wake_up(tags=["weights"])
             self.weights.weights_woken()
-        target = engine_model(llm)
         with torch.no_grad(), autocast_off():
-            for name, tensor in streamed_weights(self.policy):
-                target.load_weights([(name, tensor)])  # one tensor at a time: no second copy of the model
+            load_into_engine(llm, streamed_weights(self.policy))  # one tensor at a time: no second copy of the model
         llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.weights.pushed()
 
