@@ -6,6 +6,7 @@ exception: they read MBPP from the copy vendored beside the checkout."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,9 +19,12 @@ OUTSIDE_REFERENCES = re.compile(
 
 
 def _text_files():
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if path.is_dir() or any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
+    """Every file git would commit (tracked, or new and not ignored): no venv or build output."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        rel, path = Path(name), ROOT / name
+        if not path.is_file() or any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
             continue
         try:
             yield rel, path.read_text(encoding="utf-8")

@@ -82,7 +82,8 @@ def test_each_rank_builds_its_engine_in_process_on_its_own_gpu(vllm, monkeypatch
                                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert llm.kwargs == {
         "model": "some/model", "distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
-        "seed": 11 + rank, "dtype": "auto", "gpu_memory_utilization": 0.3, "max_model_len": 1024,
+        "seed": 11 + rank, "dtype": "auto", "gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": None,
+        "max_model_len": 1024,
         "max_num_seqs": 32, "max_num_batched_tokens": 4096, "enable_prefix_caching": True,
         "enforce_eager": False, "enable_sleep_mode": True, "logprobs_mode": "processed_logprobs"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # scoped to the build
@@ -163,6 +164,25 @@ def test_settings_reject_bad_values():
         with pytest.raises(ValueError, match="vllm"):
             VLLMSettings(**bad)
     assert engine_keywords(VLLMSettings(max_model_len=None), "m", 0)["max_model_len"] is None
+
+
+def test_max_model_len_unset_comes_from_the_model_and_one_over_its_limit_is_refused():
+    from types import SimpleNamespace
+
+    from rlcode.rollout.vllm.engine import DEFAULT_MAX_MODEL_LEN, model_max_len
+
+    assert model_max_len(VLLMSettings(), SimpleNamespace(max_position_embeddings=2048)) == 2048
+    assert model_max_len(VLLMSettings(), SimpleNamespace(max_position_embeddings=32768)) == DEFAULT_MAX_MODEL_LEN
+    assert model_max_len(VLLMSettings(), SimpleNamespace()) == DEFAULT_MAX_MODEL_LEN
+    assert model_max_len(VLLMSettings(max_model_len=1024), SimpleNamespace(max_position_embeddings=2048)) == 1024
+    with pytest.raises(ValueError, match="max_model_len=4096 exceeds the model's limit of 2048"):
+        model_max_len(VLLMSettings(max_model_len=4096), SimpleNamespace(max_position_embeddings=2048))
+
+
+def test_a_kv_cache_size_in_gib_goes_to_vllm_in_bytes():
+    assert engine_keywords(VLLMSettings(kv_cache_gib=0.5), "m", 0)["kv_cache_memory_bytes"] == 2**29
+    with pytest.raises(ValueError, match="kv_cache_gib=0"):
+        VLLMSettings(kv_cache_gib=0)
 
 
 def test_without_vllm_the_error_says_how_to_get_it(monkeypatch, policy, tokenizer):

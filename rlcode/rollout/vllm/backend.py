@@ -21,6 +21,7 @@ The trainer says when the weights change through ``weights_changed()`` (engine_w
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -34,7 +35,9 @@ from rlcode.rollout.vllm.engine import (
     VLLMSettings,
     autocast_off,
     build_engine,
+    check_runnable,
     load_into_engine,
+    model_max_len,
     placement_for,
 )
 from rlcode.rollout.vllm.requests import (
@@ -80,11 +83,13 @@ class VLLMBackend:
         if tokenizer.pad_token_id is None:
             raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
         check_servable(policy)  # before any training: a weight vLLM could not load fails the first push
+        settings = settings if settings is not None else VLLMSettings()
+        check_runnable(vllm, policy.config, settings)
         self._vllm = vllm
         self.policy = policy
         self.tokenizer = tokenizer
         self.model_name_or_path = model_name_or_path
-        self.settings = settings if settings is not None else VLLMSettings()
+        self.settings = dataclasses.replace(settings, max_model_len=model_max_len(settings, policy.config))
         self.seed = seed
         self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None
                                         else default_eos_token_ids(policy, tokenizer)))

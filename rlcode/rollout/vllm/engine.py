@@ -48,9 +48,14 @@ class VLLMSettings:
 
     Args:
         gpu_memory_utilization: share of the GPU's memory vLLM may take for its weights and KV
-            cache; the trainer needs the rest.
+            cache; the trainer needs the rest. On vLLM's CPU build: the share of host memory, less
+            everything this process (the trainer) already holds.
+        kv_cache_gib: the KV cache's size outright, in GiB (vLLM's ``kv_cache_memory_bytes``;
+            ``gpu_memory_utilization`` then no longer sizes it). On CPU the way to give a colocated
+            engine a cache whatever the trainer holds.
         max_model_len: longest prompt + completion in tokens. vLLM reserves KV cache for at least
-            one sequence this long, so the model's own limit (None) can cost most of the memory.
+            one sequence this long, so the model's own limit can cost most of the memory. None: the
+            smaller of ``DEFAULT_MAX_MODEL_LEN`` and the model's limit (``max_position_embeddings``).
         max_num_seqs: sequences decoded together (None: vLLM's default).
         max_num_batched_tokens: tokens per engine step; also what vLLM's memory profiler runs
             with (TRL: 4096; vLLM's larger default misleads its profiler when sharing a GPU).
@@ -66,7 +71,8 @@ class VLLMSettings:
     """
 
     gpu_memory_utilization: float = 0.3
-    max_model_len: int | None = 4096
+    kv_cache_gib: float | None = None
+    max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int = 4096
     dtype: str = "auto"
@@ -80,6 +86,9 @@ class VLLMSettings:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]: "
                              "use e.g. 0.3 to leave the rest to the trainer.")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"vllm kv_cache_gib={self.kv_cache_gib} must be positive (or None: sized by "
+                             "gpu_memory_utilization).")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -87,6 +96,46 @@ class VLLMSettings:
         if self.importance_sampling_cap < 1:
             raise ValueError(f"vllm importance_sampling_cap={self.importance_sampling_cap} is below 1, which "
                              "would down-weight every token: use TRL's 3.0.")
+
+
+DEFAULT_MAX_MODEL_LEN = 4096  # TRL's colocate default; a model with a shorter limit gets its own
+
+
+def model_max_len(settings: VLLMSettings, config) -> int | None:
+    """The ``max_model_len`` an engine of the model with this ``config`` gets (None: vLLM's own choice).
+
+    Raises a one-line error when the setting exceeds the model's limit (vLLM refuses it at the build,
+    deep in a validation error)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if settings.max_model_len is None:
+        return DEFAULT_MAX_MODEL_LEN if limit is None else min(DEFAULT_MAX_MODEL_LEN, limit)
+    if limit is not None and settings.max_model_len > limit:
+        raise ValueError(f"vllm max_model_len={settings.max_model_len} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings): set it to {limit} or less, or leave it unset")
+    return settings.max_model_len
+
+
+def check_runnable(vllm, config, settings: VLLMSettings) -> None:
+    """One line, before the engine's build, for what vLLM's platform cannot do (its own error comes
+    from inside its engine, after a minute of loading): sleep mode off a GPU, and on CPU a head size
+    its attention kernels do not take."""
+    platform = getattr(getattr(vllm, "platforms", None), "current_platform", None)
+    if platform is None:  # another release's layout: vLLM says it itself
+        return
+    if settings.enable_sleep_mode and not platform.is_sleep_mode_available():
+        raise ValueError("vllm enable_sleep_mode needs a GPU (vLLM offers sleep on CUDA, ROCm and XPU only): "
+                         "leave it false on this machine")
+    if not platform.is_cpu():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in supported:
+        raise ValueError(f"vLLM's CPU attention cannot run this model: its head size is {head_dim}, the kernels take "
+                         f"{supported}; use --model.rollout_backend hf, or a model with one of those head sizes")
 
 
 @dataclass(frozen=True)
@@ -204,6 +253,7 @@ def engine_keywords(settings: VLLMSettings, model_name_or_path: str, seed: int) 
         "seed": seed,
         "dtype": settings.dtype,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "kv_cache_memory_bytes": None if settings.kv_cache_gib is None else int(settings.kv_cache_gib * 2**30),
         "max_model_len": settings.max_model_len,
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
