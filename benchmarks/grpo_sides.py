@@ -308,4 +308,36 @@ def _trl_vllm() -> dict:
             "vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": False}
 
 
-SIDES = {"rlcode": run_rlcode, "trl": run_trl}
+def run_vllm_generate(settings: Settings) -> dict:
+    """vLLM's own ``LLM.generate`` on the same prompts and sampling, no trainer: the sampling floor the
+    rlcode side's generation stands against (``generation_s`` = ``step_s``; no update)."""
+    _set_threads(settings.threads)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its memory in this RSS
+    import vllm
+    from transformers import AutoTokenizer
+
+    from rlcode.models import resolve_model_source
+
+    folder = resolve_model_source(settings.model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = prompt_rows(settings.prompts_per_step * settings.steps)
+    texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in rows]
+    loaded = time.perf_counter()
+    llm = vllm.LLM(model=folder, seed=settings.seed, dtype=VLLM_ENGINE["dtype"], max_model_len=VLLM_ENGINE["max_model_len"],
+                   kv_cache_memory_bytes=int(VLLM_ENGINE["kv_cache_gib"] * 2**30))
+    params = vllm.SamplingParams(n=settings.num_generations, temperature=settings.temperature, top_p=1.0,
+                                 max_tokens=settings.max_new_tokens, seed=settings.seed)
+    started = time.perf_counter()
+    step_s, tokens = [], []
+    for step in range(settings.steps):
+        batch = texts[step * settings.prompts_per_step:(step + 1) * settings.prompts_per_step]
+        begun = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        step_s.append(time.perf_counter() - begun)
+        tokens.append(sum(len(sample.token_ids) for output in outputs for sample in output.outputs))
+    return {"side": "vllm_generate", "step_s": step_s, "tokens": tokens, "generation_s": step_s,
+            "optimizer_steps": 0, "setup_s": started - loaded, "peak_rss_mb": peak_rss_mb(),
+            "trained": 0, "inference": 0, "model_flops": 0.0, "trained_tokens": 0, "matmul_flops_per_s": 1.0}
+
+
+SIDES = {"rlcode": run_rlcode, "trl": run_trl, "vllm_generate": run_vllm_generate}

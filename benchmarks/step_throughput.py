@@ -100,9 +100,13 @@ def compare(settings, repeats: int, timeout: float) -> dict:
     if settings.backend == "vllm":  # which backend to pick on this machine: rlcode's HF backend, same run
         result = run_side("rlcode", replace(settings, backend="hf"), timeout)
         hf = {**summarize(result, warmup=1), "raw": result}
+        result = run_side("vllm_generate", settings, timeout)
+        bare = {**summarize(result, warmup=1), "raw": result}
         extra = {"rlcode_hf": hf, "vllm_over_hf_tokens_per_s": rl["tokens_per_s"] / hf["tokens_per_s"],
-                 "trl_backend": "vllm" if settings.trl_vllm else "hf"}
-        print(f"  [{settings.model}] rlcode hf backend: {hf['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+                 "trl_backend": "vllm" if settings.trl_vllm else "hf", "vllm_generate": bare,
+                 "rlcode_generation_over_bare_vllm": rl["gen_s_per_step"] / bare["gen_s_per_step"]}
+        print(f"  [{settings.model}] rlcode hf backend: {hf['tokens_per_s']:.1f} tokens/s; vLLM's bare generate "
+              f"{bare['gen_s_per_step']:.2f} s/step", file=sys.stderr)
     return {**extra, "model": settings.model, "beta": settings.beta, "reward": settings.reward,
             "share_prefix": settings.share_prefix, "rollout_precision": settings.rollout_precision,
             "backend": settings.backend,
@@ -117,12 +121,12 @@ def print_table(rows: list[dict]) -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
-        for side in ("rlcode", "trl", "rlcode_hf"):
+        for side in ("rlcode", "trl", "rlcode_hf", "vllm_generate"):
             if side not in row:
                 continue
             s = row[side]
             label = {"rlcode": f"rlcode ({row['backend']})", "trl": f"trl ({row.get('trl_backend', 'hf')})",
-                     "rlcode_hf": "rlcode (hf)"}[side] if row["backend"] == "vllm" else side
+                     "rlcode_hf": "rlcode (hf)", "vllm_generate": "vLLM generate only"}[side] if row["backend"] == "vllm" else side
             print(f"{row['model']:<24}{row['beta']:>6g}  {label:<8}{s['s_per_step']:>8.2f}{s['gen_s_per_step']:>12.2f}"
                   f"{s['tokens_per_step']:>10.0f}{s['tokens_per_s']:>10.1f}{s['peak_rss_mb']:>13.0f}"
                   f"{s['trained_tokens_per_step']:>18.0f}{s['model_gflops_per_s']:>9.2f}"
@@ -134,7 +138,8 @@ def print_table(rows: list[dict]) -> None:
         if "vllm_over_hf_tokens_per_s" in row:
             print(f"{'':<24}{'':>6}  rlcode's vLLM backend / its HF backend: tokens/s "
                   f"{row['vllm_over_hf_tokens_per_s']:.2f}x, peak RSS "
-                  f"{row['rlcode']['peak_rss_mb'] / row['rlcode_hf']['peak_rss_mb']:.2f}x")
+                  f"{row['rlcode']['peak_rss_mb'] / row['rlcode_hf']['peak_rss_mb']:.2f}x; rlcode's generation "
+                  f"{row['rlcode_generation_over_bare_vllm']:.2f}x the time of vLLM's bare generate")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows)
     line = {"benchmark": "step_throughput", "steps": args.steps, "warmup_steps": 1, "repeats": args.repeats,
             "reward": args.reward, **run_record(args.threads),
-            "results": [{k: (v if k not in ("rlcode", "trl", "rlcode_hf") else {kk: vv for kk, vv in v.items() if kk != "raw"})
+            "results": [{k: (v if k not in ("rlcode", "trl", "rlcode_hf", "vllm_generate") else {kk: vv for kk, vv in v.items() if kk != "raw"})
                          for k, v in row.items()} for row in rows]}
     print(json.dumps(line))
     if args.json:
