@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from rlcode.rollout.base import RolloutBatch, SamplingParams
+from rlcode.rollout.vllm.engine_load import load_into_engine
 from rlcode.rollout.vllm.engine_weights import EngineWeights
 from rlcode.rollout.hf_backend import default_eos_token_ids
 from rlcode.rollout.vllm.engine import (
@@ -35,7 +36,6 @@ from rlcode.rollout.vllm.engine import (
     autocast_off,
     build_engine,
     check_runnable,
-    load_into_engine,
     model_max_len,
     placement_for,
 )
