@@ -120,17 +120,54 @@ def test_missing_file(tmp_path, dataset):
 
 
 def test_unknown_task_id_names_the_line(tmp_path, dataset):
-    samples = _samples(tmp_path, [{"task_id": 11, "completion": ""}, {"task_id": 999, "completion": ""}])
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": "def add(a, b): return a + b"},
+                                  {"task_id": 999, "completion": ""}])
     proc = _run(samples, "--dataset", dataset)
-    assert proc.returncode != 0
-    assert "samples.jsonl:2: unknown task_id 999" in proc.stderr
-    assert not (tmp_path / "samples_results.jsonl").exists()
+    assert proc.returncode == 2
+    assert "samples.jsonl:2: unknown task_id 999 in the MBPP test split\n" in proc.stderr  # no split has it: no hint
+    results = [json.loads(line) for line in (tmp_path / "samples_results.jsonl").read_text().splitlines()]
+    assert results[0]["passed"] is True and results[1] == {"line": 2, "error": "unknown task_id 999 in the MBPP test split"}
+
+
+def test_split_hint_only_where_another_split_has_the_task(tmp_path):
+    """The hint names the split that holds the task, and is absent where none does (--split all)."""
+    data = tmp_path / "mbpp.jsonl"
+    data.write_text("".join(json.dumps(dict(t, task_id=i)) + "\n" for t, i in zip(TASKS, (11, 600))))
+    samples = _samples(tmp_path, [{"task_id": 600, "completion": ""}, {"task_id": 7, "completion": ""}])
+    proc = _run(samples, "--dataset", data)
+    assert "samples.jsonl:1: unknown task_id 600 in the MBPP test split: it is in the validation split" in proc.stderr
+    assert "samples.jsonl:2: unknown task_id 7 in the MBPP test split\n" in proc.stderr
+    proc = _run(samples, "--dataset", data, "--split", "all")
+    assert proc.returncode == 2 and "unknown task_id 7 in the MBPP all split\n" in proc.stderr
+    assert "--split" not in proc.stderr
+
+
+@pytest.mark.parametrize("task_id", ["Mbpp/\u00b2", "\u2460\u2466", "9" * 5000, "\u0661\u0667", 10**12, -1, True])
+def test_task_ids_are_ascii_digits_of_bounded_length(tmp_path, dataset, task_id):
+    """Superscripts, circled digits and 5,000 digits were a ValueError traceback; Arabic-Indic "17"
+    silently became task 17. Each is now a bad line; the good line beside it is scored."""
+    samples = _samples(tmp_path, [{"task_id": task_id, "completion": ""},
+                                  {"task_id": 11, "completion": "def add(a, b): return a + b"}])
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode == 2 and "samples.jsonl:1: task_id must be a task number" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    results = [json.loads(line) for line in (tmp_path / "samples_results.jsonl").read_text().splitlines()]
+    assert results[0]["line"] == 1 and results[1]["passed"] is True
+
+
+def test_a_results_path_that_is_a_directory_stops_before_any_sample_runs(tmp_path, dataset):
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": "import time; time.sleep(30)"}])
+    (tmp_path / "samples_results.jsonl").mkdir()
+    proc = _run(samples, "--dataset", dataset, "--timeout", "60")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "samples_results.jsonl is a directory" in lines[0], proc.stderr
 
 
 @pytest.mark.parametrize("bad_line, message", [
     ("{not json", "malformed JSON line"),
     ('{"task_id": 11}', 'each line needs "task_id" and "completion"'),
-    ('{"task_id": [1], "completion": ""}', "task_id must be an MBPP task number"),
+    ('{"task_id": [1], "completion": ""}', "task_id must be a task number"),
     # Deeper than the JSON decoder's own recursion guard: a RecursionError traceback before.
     ('{"task_id": 11, "completion": ' + "[" * 100_000 + "]" * 100_000 + "}", "malformed JSON line (nested too deeply)"),
     ('{"task_id": 11, "completion": ' + '{"a":' * 100_000 + "1" + "}" * 100_000 + "}", "malformed JSON line (nested too deeply)"),
@@ -142,13 +179,20 @@ def test_unknown_task_id_names_the_line(tmp_path, dataset):
     ('"just a string"', 'each line needs "task_id" and "completion"'),
 ])
 def test_malformed_line_names_the_line(tmp_path, dataset, bad_line, message):
-    """A bad input line of any shape is one line on stderr and exit status 2, no results file."""
+    """A bad input line of any shape is one line on stderr naming it and an error row in the
+    results; the good lines around it are scored and written; exit status 2."""
     samples = tmp_path / "s.jsonl"
-    samples.write_text(json.dumps({"task_id": 11, "completion": ""}) + "\n\n" + bad_line + "\n")
+    good = json.dumps({"task_id": 11, "completion": "def add(a, b): return a + b"})
+    samples.write_text(good + "\n\n" + bad_line + "\n" + good + "\n")
     proc = _run(samples, "--dataset", dataset)
     assert proc.returncode == 2 and f"s.jsonl:3: {message}" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "s_results.jsonl").exists()
+    assert [line for line in proc.stderr.splitlines() if "s.jsonl:" in line] == [
+        line for line in proc.stderr.splitlines() if line.startswith("rlcode-eval: ")], proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("rlcode-eval: ")]) == 1, proc.stderr
+    results = [json.loads(line) for line in (tmp_path / "s_results.jsonl").read_text().splitlines()]
+    assert [r.get("passed") for r in results] == [True, None, True]
+    assert results[1]["line"] == 3 and results[1]["error"].startswith(message)
+    assert json.loads(proc.stdout.splitlines()[-1])["bad_lines"] == 1
 
 
 def test_every_sample_of_any_shape_gets_one_result_line(tmp_path, dataset):

