@@ -114,3 +114,25 @@ def test_a_child_calling_new_syscalls_beside_an_honest_one():
     if seccomp_policy.platform.machine() == "x86_64":
         assert attacked.stdout.split("\n")[:4] == ["458 -1 1", "467 -1 1", "470 -1 38", "500 -1 38"], attacked
     assert plain.status.value == "ok" and plain.stdout == "45 True\n"
+
+
+@pytest.mark.skipif(seccomp_policy.platform.machine() != "x86_64", reason="x86_64 syscall numbers")
+def test_page_cache_drops_are_ignored_and_non_blocking_probes_refused():
+    """Guards the page-cache rules as compiled: dropping a file's pages (fadvise DONTNEED/NOREUSE,
+    madvise PAGEOUT/COLD) returns 0 without running; preadv2/pwritev2 with RWF_NOWAIT, alone or
+    among other flags, get EOPNOTSUPP; every other advice and flag runs (the filter allows it)."""
+    bpf = seccomp_policy.build_filter_bpf()
+    fadvise64, madvise, preadv2, pwritev2 = 221, 28, 327, 328
+    skipped, refused = 0x00050000, 0x00050000 | 95
+
+    def verdict(nr, *args):
+        return _run_bpf(bpf, nr, AUDIT_ARCH_X86_64, (*args, *(0,) * (6 - len(args))))
+
+    for advice, expected in ((4, skipped), (5, skipped), (0, ALLOW), (1, ALLOW), (2, ALLOW), (3, ALLOW)):
+        assert verdict(fadvise64, 3, 0, 0, advice) == expected, advice
+    for advice, expected in ((20, skipped), (21, skipped), (4, ALLOW), (8, ALLOW), (14, ALLOW)):
+        assert verdict(madvise, 0x7F0000000000, 4096, advice) == expected, advice
+    for nr in (preadv2, pwritev2):
+        for flags, expected in ((0x8, refused), (0x9, refused), (0x18, refused), (0, ALLOW), (0x1, ALLOW),
+                                (0x10, ALLOW)):
+            assert verdict(nr, 3, 0, 1, 0, 0, flags) == expected, (nr, flags)

@@ -73,6 +73,16 @@ SECCOMP_RET_ERRNO = 0x00050000
 TIOCSTI = 0x5412  # push bytes into a terminal's input queue
 RLIMIT_CORE, PR_SET_DUMPABLE = 4, 4  # core dumps: see core_dumps.py
 PERSONALITY_QUERY = 0xFFFFFFFF
+# The host's page cache is shared by every process on the machine: a sample that drops a read-only
+# file's pages (fadvise DONTNEED, madvise PAGEOUT/COLD on its mapping) and one that probes which are
+# cached without loading them (RWF_NOWAIT) passed answers between workers and runs, and dropping
+# everything under /usr slowed the host. The drops succeed without doing anything (advice is only
+# advice); a non-blocking read or write is refused as on a file that does not support it.
+POSIX_FADV_DONTNEED, POSIX_FADV_NOREUSE = 4, 5
+MADV_COLD, MADV_PAGEOUT = 20, 21
+RWF_NOWAIT = 0x8
+PAGE_CACHE_ADVICE = (("fadvise64", 3, (POSIX_FADV_DONTNEED, POSIX_FADV_NOREUSE)),
+                     ("madvise", 2, (MADV_COLD, MADV_PAGEOUT)))
 
 
 class SeccompUnavailable(RuntimeError):
@@ -122,6 +132,15 @@ def build_filter_bpf(deny_exec: bool = False) -> bytes:
     policy.add_rule(deny, "prlimit64", seccomp.Arg(1, seccomp.EQ, RLIMIT_CORE), seccomp.Arg(2, seccomp.NE, 0))
     policy.add_rule(deny, "setrlimit", seccomp.Arg(0, seccomp.EQ, RLIMIT_CORE))
     policy.add_rule(deny, "prctl", seccomp.Arg(0, seccomp.EQ, PR_SET_DUMPABLE))
+    ignored = seccomp.ERRNO(0)  # the syscall is skipped and returns 0
+    for name, argument, values in PAGE_CACHE_ADVICE:
+        for value in values:
+            try:
+                policy.add_rule(ignored, name, seccomp.Arg(argument, seccomp.EQ, value))
+            except (OSError, ValueError, RuntimeError):
+                pass  # an architecture without it (fadvise64 is arm_fadvise64_64 on 32-bit arm)
+    for name in ("preadv2", "pwritev2"):  # flags are the sixth argument
+        policy.add_rule(seccomp.ERRNO(errno.EOPNOTSUPP), name, seccomp.Arg(5, seccomp.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
     for name in ("execve", "execveat") if deny_exec else ():
         policy.add_rule(deny, name)
     with tempfile.TemporaryFile() as out:
