@@ -70,6 +70,10 @@ class ValueLines(Capped):
 
 
 ERROR_TYPE_CHARS = 200  # a status line is candidate-writable: its error field is cut to this
+# The harness writes printable ASCII only (JSON with ensure_ascii). Any other byte makes a line
+# malformed, and it is dropped here: 8 MiB of 0xFF decoded with errors="replace" and JSON-escaped had
+# become a 48 MiB protocol line and ~200 MB of the parent's memory.
+PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 
 
 def outcome(wait_status, reason, out, err, values, duration) -> dict:
@@ -77,10 +81,12 @@ def outcome(wait_status, reason, out, err, values, duration) -> dict:
     status_line = None
     probe_lines = []
     for raw in values.value().split(b"\n"):
+        if raw.translate(None, PRINTABLE_ASCII):  # what is left once printable ASCII is removed
+            continue
         if raw.startswith(b'{"s":'):
             status_line = raw
         elif raw:
-            probe_lines.append(raw.decode("utf-8", "replace"))
+            probe_lines.append(raw.decode("ascii"))
     reported, error_type = None, None
     if status_line is not None:
         try:
