@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,27 @@ def test_workers_are_recycled():
             assert pool.submit("pass").result().status is Status.OK
             pids.append(pool._slots[0].worker.pid)
     assert pids[0] == pids[1] and pids[1] != pids[2] and pids[2] == pids[3] and pids[3] != pids[4]
+
+
+def test_landlock_audit_logging_is_off_where_the_kernel_logs():
+    """ABI 7 logs every denial to the host's audit log unless told not to: the child's domain is
+    entered with the log-off flags (its own and nested domains'), which the kernel accepts."""
+    import subprocess
+    import sys
+
+    from rlcode.sandbox.inside import landlock
+
+    assert landlock.restrict_flags(6) == 0 and landlock.restrict_flags(7) == 5
+    abi = landlock.abi_version()
+    if abi < 7:
+        pytest.skip(f"Landlock ABI {abi}: no audit logging to turn off")
+    entered = subprocess.run([sys.executable, "-c", (
+        "import ctypes, sys\n"
+        f"sys.path.insert(0, {str(Path(landlock.__file__).parent)!r})\n"
+        "import landlock\n"
+        "policy = landlock.Policy(landlock.abi_version(), ['/usr'], [])\n"
+        "ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)\n"  # no_new_privs, as the child sets it
+        "landlock.restrict_self(policy.build([]), landlock.restrict_flags(landlock.abi_version()))\n"
+        "try:\n    open('/etc/hostname')\nexcept PermissionError:\n    print('confined')\n")],
+        capture_output=True, text=True, timeout=60)
+    assert entered.stdout == "confined\n", entered.stderr

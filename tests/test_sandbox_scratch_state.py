@@ -90,9 +90,12 @@ RUNNER = textwrap.dedent("""
     from rlcode.sandbox import SandboxPool
     codes = json.loads(sys.argv[1])
     with SandboxPool(workers=1, timeout=20.0, isolation="bwrap-userns") as pool:
-        results = [pool.submit(code).result() for code in codes]
+        results, workers = [], []
+        for code in codes:
+            results.append(pool.submit(code).result())
+            workers.append(pool._slots[0].worker.pid)
         print(json.dumps({"results": [[r.status.value, r.stdout, r.stderr[-500:]] for r in results],
-                          "workers": len({pool._slots[0].worker.pid}), "retiring": pool._slots[0].worker.retiring,
+                          "workers": workers, "retiring": pool._slots[0].worker.retiring,
                           "mounted": pool.isolation.layers["tmpfs_per_execution"]}))
 """)
 SHM = "open('/dev/shm/x', 'w').write('x'); import os; print(os.listdir('/dev/shm'))"
@@ -100,8 +103,10 @@ SHM = "open('/dev/shm/x', 'w').write('x'); import os; print(os.listdir('/dev/shm
 
 def test_the_unmounted_temp_dir_root_is_restored_between_executions():
     """Guards the plain-directory path (no mounts, the child of the worker's uid): the ACL planter
-    leaves nothing for the honest sample after it, and emptying /dev/shm (which the worker may not
-    own) does not make the worker ask to be retired."""
+    leaves nothing for the honest sample after it, and /dev/shm (which the worker may not own) is
+    emptied. Every execution that makes a file moves its tmpfs's inode counter and is followed by a
+    fresh worker (scratch.py); the planter makes none (xattrs and times only), so the honest sample
+    after it runs on the planter's worker, whose root was restored."""
     if os.geteuid() != 0 or not shutil.which("bwrap"):
         pytest.skip("runs bwrap-userns as an unprivileged test user (needs root here, and bubblewrap)")
     done = run_as_user(RUNNER, json.dumps([HONEST, PLANT, HONEST, SHM, SHM, HONEST]), home="/nonexistent",
@@ -110,7 +115,9 @@ def test_the_unmounted_temp_dir_root_is_restored_between_executions():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     statuses = [status for status, _, _ in report["results"]]
     assert statuses == ["ok"] * 6, report
-    assert not report["mounted"] and not report["retiring"], report
+    assert not report["mounted"] and report["retiring"], report
+    workers = report["workers"]
+    assert workers[1] == workers[2] and len(set(workers)) == 5, report
     made = json.loads(report["results"][1][1])
     assert made["system.posix_acl_default"] is True, made
     for _, stdout, _ in (report["results"][i] for i in (0, 2, 5)):

@@ -172,6 +172,19 @@ PROCESS_LIMITS = {
 }
 
 
+# How the PIDs a child sees are kept from carrying anything from the execution before (the worker's
+# choice, inside/pid_numbering.py; the process level as root mounts a /proc per child).
+PID_NUMBERS = {
+    "fixed": "each child gets the same PID in the worker's namespace whatever ran before (ns_last_pid set "
+             "before each fork), and /proc shows a child its own processes only (hidepid)",
+    "checked": "an execution that starts processes or threads is followed by a fresh worker (the next "
+               "child's PID would show it: at most one bit per execution); /proc is closed by Landlock",
+    "private-proc": "each child mounts a /proc of its own PID namespace (/proc/self is 1)",
+    "host": "the children's PIDs come from a counter other executions move, visible in /proc/self; fix: "
+            "use bubblewrap",
+}
+
+
 # What each CPU-share mechanism (IsolationReport.cpu_share) means for a sample beside others.
 CPU_SHARES = {
     "cpu-cgroup-v1": "a cpu cgroup per worker slot (cpu.shares): one execution's processes share one slot's "
@@ -194,6 +207,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
     process_limit = worker.get("process_limit") or "shared-uid"
     abi = int(worker.get("landlock_abi") or 0)
     no_cores, cores_note = core_dumps.describe(bool(worker.get("seccomp")))
+    pid_numbers = worker.get("pid_numbering") or (
+        "private-proc" if level == "process" and real_uid_drop and worker.get("pid_namespace") else "host")
     layers = {
         "filesystem_hidden": bwrap,
         "landlock": bool(worker.get("landlock")),
@@ -207,6 +222,8 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
         "unix_sockets_drained": bool(worker.get("unix_drain")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
+        "pid_numbers_private": pid_numbers != "host",
+        "inode_numbers_private": bool(worker.get("inode_numbering")),
         "subreaper": bool(worker.get("subreaper")),
         "sandbox_uid": real_uid_drop or level == "bwrap-userns",
         "process_limit_per_execution": process_limit in ("cgroup-pids", "slot-uid", "userns"),
@@ -249,6 +266,13 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
         "no_core_dumps": cores_note,
         "pid_namespace_per_execution": "killing its init kills every descendant, even after setsid()"
         if worker.get("pid_namespace") else "descendants are found through the subreaper and killed",
+        "pid_numbers_private": PID_NUMBERS[pid_numbers],
+        "inode_numbers_private": ("an execution that moved the inode counter of its temp dir's or /dev/shm's "
+                                  "tmpfs is followed by " + ("a fresh tmpfs" if worker.get("tmpfs_per_execution")
+                                                              else "a fresh worker")
+                                  + " (what remains: at most one bit per execution, whether that happened)")
+        if worker.get("inode_numbering") else "the temp dir is on a filesystem other processes share: "
+        "the inode numbers an execution leaves are not watched",
         "sandbox_uid": (f"real uid {child_uid}, shared by every worker slot (no uid of their own could be "
                         f"claimed; see {slot_uids.BASE_ENV})" if child_uid == slot_uids.SHARED_UID
                         else f"real uid {child_uid}, this worker slot's own (one per slot, "

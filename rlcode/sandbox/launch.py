@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 INSIDE_DIR = Path(__file__).parent / "inside"  # the code that runs inside the sandbox
 WORKER_FILES = ("worker_main.py", "child_harness.py", "outcome.py", "process_tree.py", "plain_encode.py",
                 "landlock.py", "scratch.py", "worker_mounts.py", "process_limit.py", "template.py",
-                "unix_drain.py", "slot_memory.py", "protocol_lines.py")
+                "unix_drain.py", "slot_memory.py", "protocol_lines.py", "pid_numbering.py")
 WORKER_DIR_IN_SANDBOX = "/sandbox-worker"
 SECCOMP_FILE = "seccomp.bpf"
 # Capabilities the worker (real root inside bwrap, no user namespace) needs: per-execution PID
@@ -183,13 +183,15 @@ def is_host_root() -> bool:
 def landlock_paths(level: str, executable: str, prefix: str, site_packages: bool) -> dict:
     """What a child may read under Landlock: the system's programs and libraries, the interpreter
     (its standard library, not its site-packages unless asked), a few /etc files and devices; plus
-    /proc under bwrap, where it shows only the worker's own PID namespace."""
+    /proc at ``bwrap``, where it shows only the child's own processes (hidepid, pid_numbering.py).
+    At ``bwrap-userns`` the worker and template run as the child's uid, so their entries (whose
+    counters move with what the last execution did) would be readable: /proc stays closed there."""
     read = ["/usr", *ROOT_LINKS, *ETC_FILES, executable]
     # Under bwrap an empty tmpfs covers site-packages (_hide_site_packages): the prefix can be one
     # rule. Without it the rules go around site-packages, ~200 of them, which costs each child
     # ~0.1 ms more to enter (Landlock merges the rules into the child's domain).
     read += [prefix] if site_packages or level != "process" else _stdlib_paths(prefix)
-    if level != "process":
+    if level == "bwrap":
         read.append("/proc")
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     listed = [prefix, os.path.dirname(stdlib), stdlib]  # imports list these (names only, no files)

@@ -135,6 +135,10 @@ class WorkerSlot:
             self._worker_failed(e, job)
             return
         self.inflight.popleft()
+        if raw.get("requeue"):  # queued behind an execution that retired the worker: not run there
+            worker.retiring = True
+            self._send(job)  # to a fresh worker (nothing else is in flight: the pipeline is two deep)
+            return
         if raw.get("recycle"):  # it could not empty its scratch dirs, or the kernel still holds what
             worker.retiring = True  # the execution left (inside/worker_main.py): no more work for it
             if raw.get("retire_reason"):

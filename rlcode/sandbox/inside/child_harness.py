@@ -113,11 +113,12 @@ def _clear_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-def _private_mounts() -> None:
+def _private_mounts(shm: bool) -> None:
     """At the process level (no bwrap), as root and init of a fresh PID namespace: a private mount
     namespace (nothing propagates back) with a /proc that shows only this namespace (not every host
-    process) and an empty, size-limited /dev/shm (not the host's, where files would outlive us).
-    Under bwrap both exist already, per worker, and the extra namespace costs more than it gives.
+    process, and /proc/self is 1 whatever ran before) and, without Landlock (whose rule holds the
+    worker's /dev/shm), an empty, size-limited /dev/shm (not the host's, where files would outlive
+    us). Under bwrap /dev/shm exists per worker, and PIDs are handled there (pid_numbering.py).
     Best effort: without it the other layers still hold."""
     if os.getpid() != 1 or os.geteuid() != 0:
         return
@@ -126,7 +127,8 @@ def _private_mounts() -> None:
     if _mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) == 0:
         flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
         _mount(b"proc", b"/proc", b"proc", flags, None)
-        _mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"mode=1777,size=64m")
+        if shm:
+            _mount(b"tmpfs", b"/dev/shm", b"tmpfs", flags, b"mode=1777,size=64m")
 
 
 class Confinement:
@@ -134,9 +136,11 @@ class Confinement:
     environment is the worker's own: the worker sets it (scrubbed, plus HOME/TMPDIR) before forking."""
 
     def __init__(self, *, workdir: str, limits: dict, uid, seccomp_program,
-                 landlock: bool = False, private_proc: bool = False, oom_first: bool = False):
+                 landlock: bool = False, landlock_flags: int = 0, private_proc: bool = False,
+                 private_shm: bool = False, oom_first: bool = False):
         self.workdir, self.uid, self.private_proc = workdir, uid, private_proc  # uid: None keeps ours
-        self.landlock = landlock  # enter the ruleset on LANDLOCK_FD
+        self.private_shm = private_shm
+        self.landlock, self.landlock_flags = landlock, landlock_flags  # enter the ruleset on LANDLOCK_FD
         self.oom_first = oom_first  # sharing the worker's cgroup: be the OOM killer's first pick
         self.seccomp_program = seccomp_program
         self.rlimits = [(getattr(resource, name), (value, value + 1) if name == "RLIMIT_CPU" else (value, value))
@@ -153,7 +157,7 @@ def confine(plan: Confinement) -> None:
         finally:
             os.close(fd)
     if plan.private_proc:
-        _private_mounts()
+        _private_mounts(plan.private_shm)
     os.chdir(plan.workdir)
     for which, pair in plan.rlimits:
         resource.setrlimit(which, pair)
@@ -173,7 +177,7 @@ def confine(plan: Confinement) -> None:
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binaries, and a filter that cannot be shed
     if plan.landlock:  # after the mounts (a Landlock domain may not change them) and the uid drop
-        _landlock_restrict(LANDLOCK_FD)
+        _landlock_restrict(LANDLOCK_FD, plan.landlock_flags)
         os.close(LANDLOCK_FD)
     if plan.seccomp_program is not None:
         plan.seccomp_program.load()
@@ -319,7 +323,8 @@ def run(code: str, setup: str, probes) -> None:
     sys.argv = ["<candidate>"]
     # The harness's helpers stay reachable through our bindings only, not by import name.
     for name in ("plain_encode", "child_harness", "worker_main", "outcome", "process_tree", "landlock",
-                 "scratch", "worker_mounts", "process_limit", "template", "unix_drain", "slot_memory"):
+                 "scratch", "worker_mounts", "process_limit", "template", "unix_drain", "slot_memory",
+                 "pid_numbering", "protocol_lines"):
         sys.modules.pop(name, None)
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]

@@ -22,6 +22,10 @@ MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 512, 1024, 2048, 4096
 REFER, TRUNCATE, IOCTL_DEV = 8192, 16384, 32768  # ABI 2, 3 and 5
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2  # ABI 6
+# ABI 7 logs every denial to the host's audit log by default: a sample looping on denied opens could
+# flood it. Off for the child's own domain and for any domain it nests inside (its own execs are not
+# logged by default).
+LOG_SAME_EXEC_OFF, LOG_NEW_EXEC_ON, LOG_SUBDOMAINS_OFF = 1, 2, 4
 FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # all a non-directory can hold
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -104,7 +108,12 @@ class Policy:
             os.close(target)
 
 
-def restrict_self(ruleset: int) -> None:
+def restrict_flags(abi: int) -> int:
+    """landlock_restrict_self() flags for this ABI: audit logging off where the kernel logs (ABI 7+)."""
+    return LOG_SAME_EXEC_OFF | LOG_SUBDOMAINS_OFF if abi >= 7 else 0
+
+
+def restrict_self(ruleset: int, flags: int = 0) -> None:
     """Enter the ruleset's domain (needs no_new_privs first). Bound for the child: see child_harness."""
-    if _syscall(SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+    if _syscall(SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(flags)) != 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")

@@ -21,6 +21,15 @@ timestamps on it, all of which outlived a check of the inode count, mode and own
 whole state (mode, owner, times including ctime, xattrs, flags) is recorded when it is made and
 compared after every execution: a mounted one that differs is replaced, a plain one is put back
 (xattrs removed, flags, mode, owner and times restored) and checked again.
+
+"Empty" covers the inode numbers too: a tmpfs numbers its inodes from a counter of its own, so a
+writer that opened and closed ``O_TMPFILE`` files until the next number spelled its answers left
+nothing in the directory, and a reader decoded ``st_ino`` of one file of its own. Where the
+filesystem is the worker's alone (a tmpfs it mounted, or bwrap's own at ``bwrap-userns``), the
+worker takes the next number itself after every execution (one ``O_TMPFILE``, ~5 us) and compares
+it with the one it expects: a mounted directory whose counter moved is replaced (numbering starts
+over), a plain one asks for the worker to be recycled. What a writer still controls is whether that
+happens: at most one bit per execution (the fresh root's times show it).
 """
 
 import array
@@ -43,19 +52,23 @@ class WorkerScratch:
     replaced: rules hold the inodes they were made for)."""
 
     def __init__(self, tmp_root: str, *, owner, mount: bool, private_shm: bool, size_bytes: int,
-                 inodes: int, landlock_policy=None):
+                 inodes: int, landlock_policy=None, own_filesystem: bool = False):
         """
         Args:
             owner: the uid the child runs as when it differs from ours (root workers), else None.
             mount: we may mount (root in a mount namespace of our own): tmpfs directories.
             private_shm: /dev/shm is ours alone (bwrap, or mounted by us); else the host's, left alone.
             landlock_policy: a ``landlock.Policy`` (None: the kernel has no Landlock).
+            own_filesystem: the directories' filesystems are ours alone even where we do not mount
+                them (bwrap's tmpfs): their inode numbering is watched (mounted ones always are).
         """
         self.workdir = ScratchDir(new_directory(tmp_root, "work"), mode=0o700, owner=owner, mount=mount,
                                   size_bytes=size_bytes, inodes=inodes)
         self.shm = ScratchDir("/dev/shm", mode=0o1777, owner=None, mount=mount, size_bytes=size_bytes,
                               inodes=inodes) if private_shm else None
         self.recycle = False  # set once a directory could not be emptied: the parent retires us
+        watched = [d for d in (self.workdir, self.shm) if d is not None and (d.mounted or own_filesystem)]
+        self.numbering = "checked" if watched and all(d.watch_numbering() for d in watched) else None
         self.policy, self.ruleset, self._ruleset_for = landlock_policy, None, None
         self._refresh_ruleset()
 
@@ -65,6 +78,7 @@ class WorkerScratch:
         for directory in (self.workdir, self.shm):
             try:
                 clean = (directory is None or directory.reset()) and clean
+                clean = not (directory is not None and directory.numbering_moved) and clean
             except OSError:
                 clean = False
         self.recycle = self.recycle or not clean
@@ -97,6 +111,8 @@ class ScratchDir:
         os.makedirs(path, mode=0o755, exist_ok=True)
         self.mounted = mount and self._mount()
         self.pristine = None  # the root's state as made (root_state()), compared after each execution
+        self.next_inode = None  # the number the filesystem's next inode gets (None: not watched)
+        self.numbering_moved = False  # a plain directory's numbering moved: recycle the worker
         if not self.mounted:
             self._restore_root()
         self._record()
@@ -106,13 +122,16 @@ class ScratchDir:
         """Empty it for the next execution. False: it could not be emptied (recycle the worker);
         the directory has then been replaced by a new, empty one at a new path."""
         if self.mounted:
-            if self._dirty():
+            if self._dirty() | self._numbering_moved():  # both: the probe keeps the count in step
                 _libc.umount2(self.path.encode(), MNT_DETACH)
                 if not self._mount():
                     raise OSError(ctypes.get_errno(), f"could not remount a tmpfs on {self.path}")
                 self._record()
                 self.generation += 1
+                if self.next_inode is not None:
+                    self.watch_numbering()
             return True
+        self.numbering_moved = self._numbering_moved()
         try:
             os.chmod(self.path, 0o700)  # the program (same uid here) may have locked its own root
         except OSError:
@@ -124,6 +143,28 @@ class ScratchDir:
         self._record()
         self.generation += 1
         return False
+
+    def watch_numbering(self) -> bool:
+        """Start watching the inode counter: two probes must get consecutive numbers (a counter of
+        this filesystem's own; before Linux 5.9 tmpfs drew from a host-wide one). True if watched."""
+        try:
+            first, second = _next_inode(self.path), _next_inode(self.path)
+        except OSError:
+            self.next_inode = None
+            return False
+        self.next_inode = second + 1 if second == first + 1 else None
+        return self.next_inode is not None
+
+    def _numbering_moved(self) -> bool:
+        """Take the next inode number (one O_TMPFILE) and compare it with the expected one."""
+        if self.next_inode is None:
+            return False
+        try:
+            number = _next_inode(self.path)
+        except OSError:
+            return True
+        moved, self.next_inode = number != self.next_inode, number + 1
+        return moved
 
     def remove(self) -> None:
         """Unmount it and remove it if empty; left as it is otherwise."""
@@ -186,6 +227,15 @@ class ScratchDir:
             return False
         finally:
             os.close(fd)
+
+
+def _next_inode(path: str) -> int:
+    """The number the filesystem gives its next inode: that of an unnamed file made and dropped."""
+    fd = os.open(path, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        return os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
 
 
 def root_state(path: str, with_ctime: bool = True) -> tuple:

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_harness  # noqa: E402  (after the pre-imports: it binds what it needs at import)
 import landlock  # noqa: E402
 import outcome  # noqa: E402
+import pid_numbering  # noqa: E402
 import process_limit  # noqa: E402
 import process_tree  # noqa: E402
 import protocol_lines  # noqa: E402
@@ -101,7 +102,7 @@ class Worker:
         self.scratch = scratch.WorkerScratch(
             config["tmp_root"], owner=self.child_uid,
             mount=can_mount, private_shm=self.in_bwrap or can_mount, size_bytes=config["tmpfs_bytes"],
-            inodes=config["tmp_inodes"], landlock_policy=policy)
+            inodes=config["tmp_inodes"], landlock_policy=policy, own_filesystem=self.in_bwrap)
         self.in_cgroup = self.is_root and self._join_cgroups(config.get("cgroup_procs") or {})
         self.process_limit = process_limit.mechanism(
             is_root=self.is_root, in_bwrap=self.in_bwrap,
@@ -111,6 +112,11 @@ class Worker:
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
+        # PIDs and /proc entries that carry nothing between executions (pid_numbering.py)
+        self.processes_hidden = self.in_bwrap and self.is_root and pid_numbering.hide_other_processes()
+        self.pids = pid_numbering.PidNumbering(own_namespace=self.in_bwrap)  # bwrap gave us a PID namespace
+        self.landlock_flags = landlock.restrict_flags(abi) if policy is not None else 0
+        self.last_child_pid = None
         self.shutting_down = False
         self.retire = False  # the template is gone: the parent retires us after this answer
         self.retire_reason = None  # why, when the result itself does not say (for the parent's log)
@@ -181,6 +187,8 @@ class Worker:
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
+                "pid_numbering": self.pids.mode, "processes_hidden": self.processes_hidden,
+                "inode_numbering": self.scratch.numbering,
                 "unix_drain": self.unix_drain is not None and self.unix_drain.available,
                 "memory_settle": self.slot_memory is not None,
                 "uid": os.getuid()}
@@ -196,7 +204,9 @@ class Worker:
                 self._remember_kill(message.get("id"))
                 continue
             try:
-                if message["id"] in self.early_kills:
+                if self.retire or self.scratch.recycle:  # queued behind the execution that retired us
+                    result = {"status": "internal_error", "requeue": True, "message": "this worker retires"}
+                elif message["id"] in self.early_kills:
                     result = {"status": "cancelled", "message": "stopped before it started"}
                 else:
                     result = self.execute(message)
@@ -211,12 +221,14 @@ class Worker:
             protocol_lines.write_line(self.proto_out, result)
 
     def execute(self, request: dict) -> dict:
-        result = None
+        result, self.last_child_pid = None, None
         try:
             result = self._run_child(request, self.scratch.workdir.path)
         finally:  # every process of the execution is gone: only what it left in flight remains
             left = self.unix_drain.drain()
             self.scratch.reset()
+            if self.pids.moved_past(self.last_child_pid):  # the next child's PID would show it
+                self.retire = True
             charged = None if self.slot_memory is None else self.slot_memory.settle(
                 self.unix_drain.found > 0, _result_bytes(result))
         if left is not None:  # the next execution must not start beside it: a fresh worker takes it
@@ -250,6 +262,7 @@ class Worker:
         finally:
             for fd in (out_w, err_w, val_w):
                 os.close(fd)
+        self.last_child_pid = pid
         return self._supervise(pid, pidfd, request, started, timeout, out_r, err_r, val_r)
 
     def _supervise(self, pid, pidfd, request, started, timeout, out_r, err_r, val_r) -> dict:
