@@ -137,7 +137,7 @@ def test_split_hint_only_where_another_split_has_the_task(tmp_path):
     proc = _run(samples, "--dataset", data)
     assert "samples.jsonl:1: unknown task_id 600 in the MBPP test split: it is in the validation split" in proc.stderr
     assert "samples.jsonl:2: unknown task_id 7 in the MBPP test split\n" in proc.stderr
-    proc = _run(samples, "--dataset", data, "--split", "all")
+    proc = _run(samples, "--dataset", data, "--split", "all", "--overwrite")
     assert proc.returncode == 2 and "unknown task_id 7 in the MBPP all split\n" in proc.stderr
     assert "--split" not in proc.stderr
 
@@ -237,6 +237,18 @@ def test_doctor_prints_the_isolation_report():
 def test_help_states_the_timeout_policy():
     proc = _run("--help")
     assert proc.returncode == 0 and "task 123" in proc.stdout and "default 10" in proc.stdout
+
+
+def test_an_existing_results_file_is_kept_unless_overwrite_is_given(tmp_path, dataset):
+    samples = _samples(tmp_path, [{"task_id": 11, "completion": "def add(a, b): return a + b"}])
+    results = tmp_path / "samples_results.jsonl"
+    results.write_text("earlier results\n")
+    proc = _run(samples, "--dataset", dataset)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"rlcode-eval: {results} exists: pass --overwrite to replace it, or move it away"], proc.stderr
+    assert results.read_text() == "earlier results\n"
+    proc = _run(samples, "--dataset", dataset, "--overwrite")
+    assert proc.returncode == 0 and json.loads(results.read_text())["passed"] is True, proc.stderr
 
 
 def test_cli_imports_no_heavy_packages():

