@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pickle
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from rlcode.models import is_lora_model, load_model, weight_dtype
+from rlcode.models.aliases import MODEL_ALIASES
 from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint, load_whole_checkpoint
 from rlcode.training.learner import Learner
 from rlcode.training.mode import Mode
@@ -58,14 +60,35 @@ def export(ckpt: str | Path, out: str | Path, *, merge: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
+        if is_lora_model(policy):
+            name_base_model(policy, module.hparams.model_name)
         policy.save_pretrained(partial)
         module.tokenizer.save_pretrained(partial)
-        partial.chmod(0o755)  # mkdtemp makes it owner-only
+        readable_as_umask_allows(partial)
         partial.rename(out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     print(f"rlcode export: {kind} of {type(module.mode).__name__} at step {checkpoint.get('global_step', '?')} in {out}")
     return out
+
+
+def name_base_model(policy, model_name: str) -> None:
+    """Adapters name their base by what others can load: a short name's public hub id (its own
+    name where none exists, which rlcode resolves), never the folder in this user's cache."""
+    alias = MODEL_ALIASES.get(model_name)
+    if alias is not None:
+        for config in policy.peft_config.values():
+            config.base_model_name_or_path = alias.public_name or alias.name
+
+
+def readable_as_umask_allows(folder: Path) -> None:
+    """Give the folder and its files the modes a plain ``open``/``mkdir`` would: mkdtemp makes the
+    folder owner-only, and safetensors wrote its weights 0600 while the rest was 0644."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:

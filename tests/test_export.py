@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -123,8 +125,14 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
     ids = sample_ids(twin)
     expected = logits(twin, ids)
 
-    out = export(ckpt, tmp_path / "export")
+    umask = os.umask(0o027)  # a group-readable user's: what a plain open()/mkdir() would give
+    try:
+        out = export(ckpt, tmp_path / "export")
+    finally:
+        os.umask(umask)
     assert (out / "tokenizer_config.json").is_file()
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in [out, *out.rglob("*")]}
+    assert modes == {name: 0o750 if name == out.name else 0o640 for name in modes}, modes  # weights were 0600
     if adapters == "full":
         assert (out / "model.safetensors").is_file()
         loaded = AutoModelForCausalLM.from_pretrained(out)
@@ -139,7 +147,9 @@ def test_export_of_a_fit_checkpoint_computes_the_trained_policy(tmp_path, monkey
         from rlcode.models.adapters import quantization_config
 
         base_kwargs = {"quantization_config": quantization_config("4bit", torch.float32), "device_map": {"": "cpu"}}
-    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"], **base_kwargs)
+    # the short name others can resolve (tiny-random has no hub id), not this user's cache folder
+    assert config["base_model_name_or_path"] == module.hparams.model_name
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_source(config["base_model_name_or_path"]), **base_kwargs)
     loaded = float64_twin(PeftModel.from_pretrained(base, out))
     with twin.disable_adapter():
         assert (expected - logits(twin, ids)).abs().max() > 1e-2, "the adapters must matter"
@@ -216,6 +226,19 @@ def test_bad_input_is_a_one_line_error(tmp_path, case):
     text = str(error.value.code)
     assert message in text and text.startswith("rlcode export: ") and "\n" not in text, text
     assert not (tmp_path / "out").exists(), "nothing is written"
+
+
+def test_adapters_of_a_short_name_record_its_public_hub_id():
+    """Not the folder in the exporting user's cache (~/.cache/rlcode/models/...)."""
+    from types import SimpleNamespace
+
+    from rlcode.export import name_base_model
+
+    policy = SimpleNamespace(peft_config={"default": SimpleNamespace(base_model_name_or_path="/root/.cache/x")})
+    name_base_model(policy, "smollm2-135m-instruct")
+    assert policy.peft_config["default"].base_model_name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    name_base_model(policy, "some/other-model")  # a hub id or a folder the user gave: kept as given
+    assert policy.peft_config["default"].base_model_name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_a_folder_in_use_is_not_written_into(tmp_path):

