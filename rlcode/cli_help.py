@@ -77,7 +77,17 @@ TRAINER_TITLE = ("Lightning's trainer flags (trainer.*; when unset, rlcode choos
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
-    """jsonargparse's formatter, keeping the line breaks of the description and the epilog."""
+    """jsonargparse's formatter, keeping the line breaks of the description and the epilog; the
+    strategy's help is rlcode's whole (jsonargparse would append every Strategy subclass it knows)."""
+
+    def _get_help_string(self, action) -> str:
+        if action.dest == "trainer.strategy":
+            return STRATEGY_HELP
+        return super()._get_help_string(action)
+
+
+STRATEGY_HELP = ("ddp (Lightning's DDPStrategy) or fsdp (rlcode's FSDP2), with --trainer.devices N; unset, rlcode "
+                 "picks per GPU. Nothing else runs (DeepSpeed, XLA and Lightning's FSDP1 are refused)")
 
 
 def describe_subcommands(parser) -> None:
@@ -107,6 +117,9 @@ def rlcode_settings_first(subparser, name: str) -> None:
     if trainer is None:
         return
     trainer.title = TRAINER_TITLE
+    for option in trainer._group_actions:
+        if option.dest == "trainer.strategy":  # Lightning lists DeepSpeed, XLA and FSDP1, which rlcode refuses
+            option.help = STRATEGY_HELP
     subparser._action_groups.remove(trainer)
     subparser._action_groups.append(trainer)
     subparser.usage = USAGE.format(name=name)

@@ -20,6 +20,7 @@ def check_before_building(config, argv: list[str] | None = None) -> None:
     """Settings that would fail only after the trainer started (and printed its lines), checked first:
     the numeric settings' ranges, the checkpoint to start from, the model, the reward names."""
     check_ranges(config, argv or [])
+    check_strategy((config.get("trainer") or {}).get("strategy", "auto"))
     check_ckpt_path(config.get("ckpt_path"), config["run"])
     model = config.get("model") or {}
     settings = model.get("init_args", model)
@@ -28,6 +29,32 @@ def check_before_building(config, argv: list[str] | None = None) -> None:
     mode = settings.get("mode") or {}
     if (mode.get("init_args") or {}).get("rewards"):
         check_reward_names(mode["init_args"]["rewards"])
+
+
+# The strategies rlcode runs: Lightning's DDP (any of its registry names) and rlcode's FSDP2, plus what
+# Lightning picks for one device. DeepSpeed (what TRL and accelerate users try first) and Lightning's
+# FSDP1 wrap only the module's forward, while a training step generates and runs passes outside it.
+RUNNING_STRATEGY_NAMES = ("auto", "single_device", "fsdp", "fsdp2")
+RUNNING_STRATEGY_CLASSES = ("DDPStrategy", "FSDP2Strategy", "SingleDeviceStrategy", "ModelParallelStrategy")
+
+
+def check_strategy(strategy) -> None:
+    """A strategy rlcode does not run, refused before anything is built (no run folder, no traceback)."""
+    if isinstance(strategy, str):
+        name = strategy.lower()
+        if name in RUNNING_STRATEGY_NAMES or name.startswith("ddp"):
+            return
+        shown = strategy
+    elif isinstance(strategy, dict) or hasattr(strategy, "get"):
+        class_path = str(strategy.get("class_path") or "")
+        if class_path.rsplit(".", 1)[-1] in RUNNING_STRATEGY_CLASSES:
+            return
+        shown = class_path or str(strategy)
+    else:  # a Strategy object (Python callers): the Learner's own check decides
+        return
+    raise UserError(f"--trainer.strategy {shown}: rlcode runs two strategies, ddp (Lightning's DDPStrategy) and "
+                    "fsdp (rlcode's FSDP2)\n  Use --trainer.strategy ddp or --trainer.strategy fsdp, with "
+                    "--trainer.devices N (docs/slurm-and-multi-gpu.md)")
 
 
 def check_ckpt_path(ckpt_path: str | None, run) -> None:

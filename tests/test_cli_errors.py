@@ -86,6 +86,12 @@ CASES = {
         ["fit", *TINY, "--run.root_dir", "{tmp}/runs", "--model.mode.rewards", "[executoin]"],
         ["unknown reward 'executoin' in model.mode.init_args.rewards", "did you mean 'execution'?"]),
     "unknown_command": (["fitt", *TINY], ["unknown command 'fitt'", "did you mean fit?"]),
+    "deepspeed_strategy": (  # what TRL and accelerate users try first: refused before any run folder exists
+        ["fit", *TINY, "--run.root_dir", "{tmp}/deepspeed_runs", "--trainer.strategy", "deepspeed"],
+        ["--trainer.strategy deepspeed: rlcode runs two strategies", "--trainer.strategy ddp or --trainer.strategy fsdp"]),
+    "fsdp1_strategy": (
+        ["fit", *TINY, "--run.root_dir", "{tmp}/deepspeed_runs", "--trainer.strategy", "fsdp_cpu_offload"],
+        ["--trainer.strategy fsdp_cpu_offload: rlcode runs two strategies"]),
     "predict_is_gone": (["predict", *TINY], ["unknown command 'predict'", "fit, validate, test, export"]),
 }
 
@@ -123,7 +129,14 @@ def reports(tmp_path_factory) -> dict[str, str]:
     env.pop("RLCODE_DEBUG", None)
     subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(cases), str(tmp)], cwd=REPO, env=env, check=True,
                    timeout=300)
-    return {name: (tmp / f"{name}.err").read_text().replace(str(tmp), "{tmp}") for name in CASES}
+    reports = {name: (tmp / f"{name}.err").read_text().replace(str(tmp), "{tmp}") for name in CASES}
+    reports["_folders"] = sorted(p.name for p in tmp.iterdir() if p.is_dir())
+    return reports
+
+
+@pytest.mark.slow
+def test_a_refused_strategy_leaves_no_run_folder(reports):
+    assert "deepspeed_runs" not in reports["_folders"], reports["_folders"]
 
 
 @pytest.mark.slow

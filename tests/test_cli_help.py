@@ -76,3 +76,12 @@ def test_fit_help_shows_rlcode_settings_before_lightning_trainer_flags(capsys):
     assert max(v for k, v in first.items() if not k.startswith("trainer")) < first["trainer.accelerator"], first
     assert first["model.mode"] < first["model.model_name"]
     assert any(line.startswith("Lightning's trainer flags") for line in lines)
+
+
+def test_fit_help_lists_only_the_strategies_that_run(capsys):
+    """Lightning listed DeepSpeedStrategy, XLAStrategy and FSDPStrategy as choices; only ddp and
+    rlcode's FSDP2 run (the rest is refused before a run starts: tests/test_cli_errors.py)."""
+    text = _help(capsys, "fit")
+    block = text.split("--trainer.strategy STRATEGY", 1)[1].split("\n  --", 1)[0]
+    assert "ddp" in block and "fsdp" in block, block
+    assert "DeepSpeedStrategy" not in block and "XLAStrategy" not in block and "known subclasses" not in block, block
