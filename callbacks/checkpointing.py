@@ -30,12 +30,14 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 
 
 class StepCheckpoint(ModelCheckpoint):
-    def __init__(self, every_n_train_steps: int = 50, keep: int = -1, save_weights_only: bool = False) -> None:
+    def __init__(self, every_n_train_steps: int = 50, keep: int = 3, save_weights_only: bool = False) -> None:
         """Save every ``every_n_train_steps`` optimizer steps and at the end (``last.ckpt``).
 
         Args:
             every_n_train_steps: steps between numbered checkpoints (0: only ``last.ckpt``, at the end).
-            keep: numbered checkpoints to keep, newest first (-1: all).
+            keep: numbered checkpoints to keep, the newest (-1: all). A full fine-tune's checkpoint is
+                ~12 bytes per parameter (fp32 weights and AdamW's two moments): every one of a 4B
+                model's 25 checkpoints would be ~1.2 TB (docs/training.md).
             save_weights_only: leave out the optimizer state (smaller files; resuming then restarts
                 AdamW's moments).
         """

@@ -134,6 +134,14 @@ def test_last_checkpoint_is_the_final_state_when_max_steps_is_not_a_multiple_of_
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
+def test_only_the_newest_three_numbered_checkpoints_are_kept_by_default(tmp_path):
+    """Every numbered checkpoint was kept (checkpoint.keep was -1): ~1.2 TB for a 4B model's run."""
+    run = fit(tmp_path, "--trainer.max_steps", "5", "--eval.at_start", "false", "--eval.at_end", "false")
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step-3.ckpt", "step-4.ckpt", "step-5.ckpt"], names
+    assert (run / "checkpoints/last.ckpt").resolve().name == "step-5.ckpt"
+
+
 def test_filtered_zero_variance_groups_leave_the_weights_alone(tmp_path, capsys):
     run = fit(tmp_path, "--model.mode.rewards", "[execution]", "--model.skip_zero_advantage_rows", "true",
               "--eval.at_start", "false", "--eval.at_end", "false")
