@@ -44,7 +44,7 @@ class StepMetrics(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)}, step=record.step)
         if self.print_steps:
-            _write(step_line(record, pl_module.run_description().success_labels))
+            _write(step_line(record, pl_module.run_description().success_labels, history.steps[-1]))
 
 
 @rank_zero_only

@@ -1,8 +1,9 @@
 """Sampled rollouts, to read what the model actually writes: ``rollouts.jsonl`` and a logger table.
 
-Every ``every_n_steps`` steps, ``samples_per_step`` completions (spread over the groups) are written
-with their prompt, reward, per-function rewards, advantage and verdict, one JSON object per line
-in ``<run dir>/rollouts.jsonl``; a W&B logger also gets them as a table.
+Every ``every_n_steps`` steps, ``samples_per_step`` completions of each rank (spread over its groups)
+are written with their prompt, reward, per-function rewards, advantage and verdict, one JSON object
+per line in ``<run dir>/rollouts.jsonl``; a W&B logger also gets them as a table. Under DDP and FSDP
+rank zero gathers every rank's rows (each row says its ``rank``), so the file shows every prompt.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 
 import lightning as L
+import torch
 
 from rlcode.run_dir import run_directory
 from rlcode.training.step_record import StepRecord
@@ -51,16 +53,33 @@ class RolloutLogging(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         record: StepRecord | None = pl_module.history.last_step
-        if record is None or not self.every_n_steps or record.step % self.every_n_steps or not trainer.is_global_zero:
+        if record is None or not self.every_n_steps or record.step % self.every_n_steps:
             return
         # Multi-turn modes: whole episodes (every turn's player, observation, reply and move).
         rows = record.episodes[:self.samples_per_step] if record.episodes else sample_rows(record, self.samples_per_step)
+        if record.episodes:
+            rows = [{"step": record.step, **row} for row in rows]
+        rows = _every_rank(trainer, rows)  # every rank calls it: a collective
+        if not trainer.is_global_zero:
+            return
         path = run_directory(trainer) / "rollouts.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
             for row in rows:
-                handle.write(json.dumps({"step": record.step, **row} if record.episodes else row) + "\n")
+                handle.write(json.dumps(row) + "\n")
         for logger in trainer.loggers:
             if hasattr(logger, "log_table") and not record.episodes:  # WandbLogger
                 logger.log_table(key="rollouts", columns=list(COLUMNS),
                                  data=[[row[c] for c in COLUMNS] for row in rows], step=record.step)
+
+
+def _every_rank(trainer, rows: list[dict]) -> list[dict]:
+    """Every rank's rows in rank order, each with its ``rank``, on rank zero (one gather of Python
+    objects); this rank's alone on one device."""
+    if getattr(trainer, "world_size", 1) == 1 or not torch.distributed.is_initialized():
+        return rows
+    gathered = [None] * trainer.world_size if trainer.is_global_zero else None
+    torch.distributed.gather_object(rows, gathered, dst=0)
+    if not trainer.is_global_zero:
+        return []
+    return [{**row, "rank": rank} for rank, part in enumerate(gathered) for row in part]

@@ -137,6 +137,7 @@ def _run_two_ranks(out_dir: Path, reward: str, *extra: str, timeout: float = 300
     done = subprocess.run([sys.executable, str(Path(__file__)), str(out_dir), reward, *extra], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
+    (out_dir / "stdout.txt").write_text(done.stdout)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -163,6 +164,16 @@ def test_two_rank_fit_shards_prompts_and_keeps_weights_identical(tmp_path, rewar
         # float32 means of 4 and 8 positive rewards: each within 8 u = 4.8e-7 (u = 2^-24) of exact,
         # the mean of two local means within 5 u more, so they agree to rel 1e-6
         assert r["global_mean_rewards"] == pytest.approx(expected, rel=1e-6), "the logged reward mean covers every rank"
+
+    # What a user reads counts every rank: 2 ranks x 2 prompts x 4 completions per step (rank zero
+    # alone had printed half), and rollouts.jsonl holds both ranks' rows.
+    out = (tmp_path / "stdout.txt").read_text()
+    assert "  Total trajectories: 32" in out, out[-2000:]
+    assert out.count("/16), ") >= STEPS and "/8), " not in out, out[-2000:]
+    rows = [json.loads(line) for line in next(tmp_path.glob("runs/tiny/version_*/rollouts.jsonl")).read_text().splitlines()]
+    assert sorted({row["rank"] for row in rows}) == [0, 1] and len(rows) == STEPS * 2 * 4
+    for rank, seen in enumerate(tasks):
+        assert {row["task_id"] for row in rows if row["rank"] == rank} == seen
 
 
 def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):

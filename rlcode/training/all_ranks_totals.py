@@ -97,6 +97,19 @@ class AllRanksTotals:
                 "frac_reward_zero_std_all_ranks": self.frac_reward_zero_std}
 
 
+def counts_over_ranks(ranks: Ranks, trials: int, successes: list[tuple[str, int, int]]
+                      ) -> tuple[int, list[tuple[str, int, int]]]:
+    """A step's trials and success counts (``step_scalars.counted``) summed over every rank, for the
+    step line, the progress bar and the summary (one all-reduce; as given on one rank). Every rank
+    counts the same things (same mode, same rewards), so the lists line up."""
+    if ranks.world_size == 1:
+        return trials, successes
+    local = torch.tensor([trials, *(n for _, count, total in successes for n in (count, total))],
+                         dtype=torch.float64, device=ranks.device)
+    summed = [int(v) for v in ranks.sum(local).tolist()]
+    return summed[0], [(key, summed[1 + 2 * i], summed[2 + 2 * i]) for i, (key, _, _) in enumerate(successes)]
+
+
 def sum_over_ranks(ranks: Ranks, rewards: Tensor, loss_mask: Tensor, frac_zero_std: Tensor) -> AllRanksTotals:
     """rewards [N] (NaN: unscored), loss_mask [N, T], frac_zero_std 0-d -> totals over every rank."""
     scored = rewards[~rewards.isnan()].double()  # float64: the sum of squares must not cancel

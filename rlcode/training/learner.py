@@ -298,7 +298,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
                                            totals=totals, frac_zero_std=float(frac_flat), timings=timings,
                                            extra_metrics=extra_metrics)
         self.last_step.memory = peak_memory_gib(self.device)
-        self.history.add_step(self.last_step, grad_norm=self.last_grad_norm)
+        self.history.add_step(self.last_step, grad_norm=self.last_grad_norm, ranks=ranks)
 
     def _abandon(self, start, experience) -> None:
         abandon(start, experience, self.mode, self.datamodule(), self.device)

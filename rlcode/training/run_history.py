@@ -13,13 +13,16 @@ them in a later hook than the one that produces them (a batch's eval at the next
 end, train-end results at fit end), so the order of the callbacks does not matter.
 
 The module saves ``state_dict()`` in its checkpoints, so a resumed run's summary and plot cover the
-steps and evals before the interruption too. Under DDP each rank keeps its own (rank zero's shows).
+steps and evals before the interruption too. Under DDP and FSDP each step's trials and success counts
+are summed over the ranks as the step is added, and its reward is the mean over every rank, so every
+rank's history (rank zero's shows) counts the whole run; the other metrics stay each rank's own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlcode.training.all_ranks_totals import Ranks, counts_over_ranks
 from rlcode.training.step_record import StepRecord
 from rlcode.training.step_scalars import Successes, counted, named, step_metrics, trials
 
@@ -58,7 +61,8 @@ class StepScalars:
 
     @property
     def mean_reward(self) -> float:
-        return self.metrics["reward/avg_batch_reward"]
+        """Over every rank (rank zero's own is ``metrics["reward/avg_batch_reward"]``)."""
+        return self.metrics.get("reward/avg_batch_reward_all_ranks", self.metrics["reward/avg_batch_reward"])
 
 
 class RunHistory:
@@ -73,13 +77,15 @@ class RunHistory:
         self.plot: str | None = None  # where the training plot is
 
     # ---- filled by the module, each step ------------------------------------------------------
-    def add_step(self, record: StepRecord, grad_norm: float | None = None) -> StepScalars:
+    def add_step(self, record: StepRecord, grad_norm: float | None = None, ranks: Ranks | None = None) -> StepScalars:
         """Keep ``record`` as the last step and its scalars for the run's plots and summary.
-        ``grad_norm``: the gradient norm before clipping, logged for steps that updated."""
+        ``grad_norm``: the gradient norm before clipping, logged for steps that updated; ``ranks``:
+        the run's ranks, over which the counts are summed (every rank must call this)."""
         metrics = {key: float(value) for key, value in step_metrics(record).items()}
         if grad_norm is not None and record.updated:
             metrics["train/grad_norm"] = float(grad_norm)
-        scalars = StepScalars(record.step, metrics, counted(record), trials(record), bool(record.updated))
+        count, successes = counts_over_ranks(ranks or Ranks(), trials(record), counted(record))
+        scalars = StepScalars(record.step, metrics, successes, count, bool(record.updated))
         self.last_step = record
         self.steps.append(scalars)
         return scalars

@@ -132,12 +132,14 @@ def trials(record: StepRecord) -> int:
     return len(record.rewards)
 
 
-def step_line(record: StepRecord, labels: dict[str, tuple[str, str]] | None = None) -> str:
+def step_line(record: StepRecord, labels: dict[str, tuple[str, str]] | None = None, scalars=None) -> str:
     """One human line per step, as the ART toolkit prints it, each success count named by what it
-    counts: ``Step 3: reward=0.250, ran=75.0% (6/8), passed=12.5% (1/8), time=41.2s``."""
-    shares = "".join(f"{c.label}={100 * c.count / max(c.total, 1):.1f}% ({c.count}/{c.total}), "
-                     for c in success_counts(record, labels))
-    line = f"  Step {record.step}: reward={record.mean_reward:.3f}, {shares}time={record.timings.get('step', 0.0):.1f}s"
+    counts: ``Step 3: reward=0.250, ran=75.0% (6/8), passed=12.5% (1/8), time=41.2s``. With the
+    step's ``run_history.StepScalars`` the reward and counts are every rank's, else this rank's."""
+    counts = named(scalars.successes, labels) if scalars is not None else success_counts(record, labels)
+    reward = scalars.mean_reward if scalars is not None else record.mean_reward
+    shares = "".join(f"{c.label}={100 * c.count / max(c.total, 1):.1f}% ({c.count}/{c.total}), " for c in counts)
+    line = f"  Step {record.step}: reward={reward:.3f}, {shares}time={record.timings.get('step', 0.0):.1f}s"
     if record.memory:
         line += (f", GPU peak {record.memory['gpu_peak_allocated_gib']:.1f} GiB allocated / "
                  f"{record.memory['gpu_peak_reserved_gib']:.1f} reserved")
