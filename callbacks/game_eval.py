@@ -29,7 +29,8 @@ class GameEval(L.Callback):
 
         Args:
             every_n_steps: evaluate every N optimizer steps (0: only at start and end).
-            at_start: evaluate before the first step (the baseline).
+            at_start: evaluate before the first step (the baseline): at the run's first start only, not
+                when a resume or a requeue starts it again at a later step.
             at_end: evaluate after the last step.
         """
         self.every_n_steps = every_n_steps
@@ -39,7 +40,7 @@ class GameEval(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # A run stopped before (or during) the eval due at its step plays it first on resume
         step = trainer.global_step
-        if (self.at_start or self._due(step)) and not pl_module.history.evaluated_at(step, games=True):
+        if ((self.at_start and step == 0) or self._due(step)) and not pl_module.history.evaluated_at(step, games=True):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

@@ -68,7 +68,8 @@ class MBPPEval(L.Callback):
             num_questions: first N problems of the split (None: all); ``MBPP_EVAL_NUM_QUESTIONS``
                 overrides it.
             every_n_steps: evaluate every N optimizer steps (0: only at start and end).
-            at_start: evaluate before the first step (the baseline).
+            at_start: evaluate before the first step (the baseline): at the run's first start only, not
+                when a resume or a requeue starts it again at a later step.
             at_end: evaluate after the last step.
             num_samples: completions sampled per problem for pass@k (0: greedy pass@1 only).
             k: the k of pass@k (each must be <= num_samples).
@@ -189,7 +190,7 @@ class MBPPEval(L.Callback):
         # A resumed run whose checkpoint's history holds an eval at this step does not repeat it; one
         # stopped before (or during) the eval due at its step runs that eval first.
         step = trainer.global_step
-        if (self.at_start or self._due(step)) and not pl_module.history.evaluated_at(step):
+        if ((self.at_start and step == 0) or self._due(step)) and not pl_module.history.evaluated_at(step):
             self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

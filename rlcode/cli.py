@@ -113,7 +113,9 @@ class RLCodeCLI(LightningCLI):
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         # Parse errors are raised, not printed with the whole usage: parse_arguments shortens them.
-        return super().init_parser(**{"exit_on_error": False, "formatter_class": cli_help.HelpFormatter, **kwargs})
+        # No abbreviations: `--model.temp 0.5` had set the temperature, while the same key in YAML is refused.
+        return super().init_parser(**{"exit_on_error": False, "formatter_class": cli_help.HelpFormatter,
+                                      "allow_abbrev": False, **kwargs})
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
                      subparser_kwargs: dict[str, Any]) -> None:
@@ -189,6 +191,7 @@ class RLCodeCLI(LightningCLI):
             config["ckpt_path"] = _readable_by_the_strategy(config["ckpt_path"], self.subcommand, config["trainer"])
         if self.subcommand == "fit":
             cli_resume_guard.check_resume(config["ckpt_path"], config["model"])  # before resumed_step trims files
+            cli_resume_guard.check_not_finished(config["ckpt_path"], config["trainer"].get("max_steps"))
             self._resume_version = version  # keep writing into the interrupted run's directory
             self._resume_step = resumed_step(config["ckpt_path"], config["run"], version)
         if self.subcommand == "fit" and config["trainer"].get("limit_val_batches") is None:
@@ -346,6 +349,8 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(f"rlcode: {error}") from None
     except StopRequested as stopped:  # validate / test asked to stop by a signal: a clean exit, one line
         rank_zero_only(print)(f"rlcode {stopped}", flush=True)
+    except cli_resume_guard.RunAlreadyFinished as finished:  # a requeued job of a finished run: exit 0, untouched
+        rank_zero_only(print)(f"rlcode: {finished}", flush=True)
     finally:
         finish_wandb()
 

@@ -39,8 +39,11 @@ def take_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def did_you_mean(word: str, candidates, prefix: str = "did you mean ") -> str:
-    """``"did you mean X? "`` for the closest candidate (difflib), or ``""`` when none is close."""
-    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    """``"did you mean X? "`` for the one candidate that ``word`` abbreviates (``--model.temp``: the
+    command line no longer expands abbreviations), else the closest (difflib), or ``""`` when none is close."""
+    candidates = list(candidates)
+    extensions = [c for c in candidates if c.startswith(word)] if word else []
+    match = extensions if len(extensions) == 1 else difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f"{prefix}{match[0]}? " if match else ""
 
 

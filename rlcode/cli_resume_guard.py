@@ -39,6 +39,22 @@ FREE_MODE_SETTINGS = ("sandbox",)
 SHOWN = 3  # differences named in the line; the rest are counted
 
 
+class RunAlreadyFinished(Exception):
+    """A resume of a run that reached its ``max_steps``: nothing to do, and nothing is touched (it had
+    rewritten metrics.csv, the plot and the summary, which then said ``0.00 at step 0``)."""
+
+
+def check_not_finished(ckpt_path: str | None, max_steps: int | None) -> None:
+    """Raise ``RunAlreadyFinished`` when ``ckpt_path`` holds a run at or past ``max_steps``."""
+    if not ckpt_path or not Path(ckpt_path).exists() or not max_steps or max_steps < 0:
+        return
+    step = int(checkpoint_metadata(ckpt_path).get("global_step", 0))
+    if step >= max_steps:
+        raise RunAlreadyFinished(f"the run of {ckpt_path} already finished (step {step} of --trainer.max_steps "
+                                 f"{max_steps}): nothing to resume, nothing changed. To train it further, raise "
+                                 "--trainer.max_steps")
+
+
 def check_resume(ckpt_path: str | None, model_config) -> None:
     """Raise a one-line ``UserError`` when ``ckpt_path``'s run had other fixed settings than ``model_config``."""
     if not ckpt_path or not Path(ckpt_path).exists():  # Lightning's keywords ("hpc"), remote files

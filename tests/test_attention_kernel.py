@@ -108,3 +108,20 @@ def test_without_a_compiler_one_log_line_and_the_torch_attention_decodes(monkeyp
         assert first.completion_ids.shape[0] == 2
     finally:
         attention_kernel.fused_attention_kernel.cache_clear()  # later tests load the built kernel again
+
+
+def test_a_build_is_announced_before_it_starts_and_a_cached_one_is_not(monkeypatch, capsys):
+    """The first int8 step sat ~50 s with no word while the kernel built."""
+    assert attention_kernel.fused_attention_kernel() is not None
+    name = f"rlcode_shared_prompt_attention_{attention_kernel._build_key()}"
+    assert attention_kernel._built(name), "the cache check must find the build just made (torch moved it?)"
+    import torch.utils.cpp_extension as cpp_extension
+
+    for cached, announced in ((True, False), (False, True)):
+        attention_kernel.fused_attention_kernel.cache_clear()
+        monkeypatch.setattr(attention_kernel, "_built", lambda _name, cached=cached: cached)
+        monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: object())
+        capsys.readouterr()
+        assert attention_kernel.fused_attention_kernel() is not None
+        assert ("building its fused decode-attention kernel" in capsys.readouterr().out) is announced
+    attention_kernel.fused_attention_kernel.cache_clear()

@@ -33,6 +33,9 @@ CASES = {
     "section_typo_in_yaml": (
         ["fit", *TINY, "--config", "{tmp}/top.yaml"],
         ["evall.num_questions is not a setting", "{tmp}/top.yaml, line 4", "did you mean eval.num_questions?"]),
+    "abbreviated_key": (  # argparse expanded it (while the same key in YAML was refused)
+        ["fit", *TINY, "--model.temp", "0.5"],
+        ["--model.temp is not a setting", "did you mean --model.temperature?"]),
     "trainer_key_typo": (
         ["fit", *TINY, "--trainer.max_stepz", "3"],
         ["--trainer.max_stepz", "did you mean --trainer.max_steps?"]),

@@ -134,6 +134,29 @@ def test_last_checkpoint_is_the_final_state_when_max_steps_is_not_a_multiple_of_
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
 
 
+def test_resuming_a_finished_run_changes_nothing(tmp_path, capsys):
+    """It had rewritten metrics.csv, the plot and the summary without the final eval (the summary then
+    said 0.00 at step 0). Now it says so in one line and exits 0 (a requeued job of a finished run)."""
+    run = fit(tmp_path, "--trainer.max_steps", "2")
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    fit(tmp_path, "--trainer.max_steps", "2", "--ckpt_path", "last")
+    out = capsys.readouterr().out
+    assert "already finished (step 2 of --trainer.max_steps 2): nothing to resume, nothing changed" in out, out
+    assert "Step " not in out and "eval at step" not in out, out
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert len(list((tmp_path / "tiny").glob("version_*"))) == 1
+
+
+def test_the_start_eval_runs_at_the_first_start_only(tmp_path):
+    """eval.at_start is the baseline before step 1: a resume at step 2 ran it again (an extra MBPP
+    eval per requeue). The eval due at the resumed step still runs (none is due here)."""
+    quiet = ["--eval.at_end", "false", "--eval.every_n_steps", "0"]
+    run = fit(tmp_path, "--trainer.max_steps", "2", *quiet)
+    fit(tmp_path, "--trainer.max_steps", "3", "--ckpt_path", "last", *quiet)
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["step_0.json"]
+
+
 def test_only_the_newest_three_numbered_checkpoints_are_kept_by_default(tmp_path):
     """Every numbered checkpoint was kept (checkpoint.keep was -1): ~1.2 TB for a 4B model's run."""
     run = fit(tmp_path, "--trainer.max_steps", "5", "--eval.at_start", "false", "--eval.at_end", "false")

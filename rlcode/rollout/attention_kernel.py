@@ -39,8 +39,12 @@ def fused_attention_kernel():
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
+        name = f"rlcode_shared_prompt_attention_{_build_key()}"
+        if not _built(name):  # the first int8 step otherwise sat ~50 s with no word
+            print("int8 sampler: building its fused decode-attention kernel (once per CPU type and torch "
+                  "version, ~20-60 s; cached for later runs) ...", flush=True)
         started = time.perf_counter()
-        module = load(name=f"rlcode_shared_prompt_attention_{_build_key()}", sources=[str(SOURCE)],
+        module = load(name=name, sources=[str(SOURCE)],
                       extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as error:  # noqa: BLE001 (any build failure: decode with torch's attention)
         logger.warning("int8 sampler: the fused decode-attention kernel could not be built (%s: %s); decoding "
@@ -51,6 +55,16 @@ def fused_attention_kernel():
     if seconds > 2:  # a build, not a cached load
         logger.info("int8 sampler: built the fused decode-attention kernel in %.0f s (cached for later runs)", seconds)
     return module
+
+
+def _built(name: str) -> bool:
+    """Whether torch's extension cache already holds this build (a load then takes ~1 s)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    except Exception:  # noqa: BLE001 (a private helper: if it moves, say nothing rather than fail)
+        return True
 
 
 def _build_key() -> str:
