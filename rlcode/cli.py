@@ -57,7 +57,9 @@ import rlcode.platform as platform  # noqa: E402  (module access: tests fake det
 from rlcode.platform_profile import with_profile  # noqa: E402
 from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
                             run_loggers, version_of)
-from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint, joined_checkpoint_file  # noqa: E402
+from rlcode.run_dir.checkpoint_file import (checkpoint_run_directory, is_sharded_checkpoint,  # noqa: E402
+                                           joined_checkpoint_file)
+from rlcode.run_dir.identity import new_run_id, read_run  # noqa: E402
 from rlcode.run_dir.loggers import reachable, say_once  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
@@ -202,7 +204,13 @@ class RLCodeCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any):
         run: RunSettings = self._get(self.config_init, "run")
         trainer_config = self._get(self.config_init, "trainer", default={})
-        if trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
+        scored = self._scored_run()
+        if scored is not None:  # validate/test of a run's checkpoint: its report goes into that run, and
+            # nothing else is written (a logger would leave a stray version_N with config.yaml, metrics.csv
+            # and run.json per call)
+            kwargs["logger"], self.model.run_id = False, read_run(scored).get("run_id") or new_run_id()
+            self.save_config_callback = None
+        elif trainer_config.get("logger") in (None, True):  # not chosen in the config: the run's loggers
             kwargs["logger"], self.model.run_id = run_loggers(run, self._resume_version, self._resume_step)
         strategy = resolve_strategy(trainer_config.get("strategy", "auto"))  # "fsdp": rlcode's FSDP2, not FSDP1
         if strategy is not trainer_config.get("strategy", "auto"):
@@ -218,6 +226,15 @@ class RLCodeCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") is not False:
             callbacks.append(StepProgressBar())  # steps/max_steps, not Lightning's "Epoch 0" batches
         return self._instantiate_trainer({**trainer_config, **kwargs}, callbacks)
+
+
+    def _scored_run(self) -> Path | None:
+        """The run directory of the checkpoint ``validate``/``test`` scores (None: ``fit``, no checkpoint,
+        or one outside a run)."""
+        if self.subcommand not in ("validate", "test"):
+            return None
+        ckpt_path = (self.config[self.subcommand] or {}).get("ckpt_path")
+        return checkpoint_run_directory(ckpt_path) if ckpt_path and Path(ckpt_path).exists() else None
 
 
 def _print_config_of_the_mode(parser, words: list[str], subcommand_parsers) -> None:

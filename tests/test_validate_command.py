@@ -60,6 +60,8 @@ def test_a_checkpoints_verdicts_name_its_step_and_lie_beside_its_run(tmp_path, m
         report = json.loads((run / "eval" / f"{command}_step_2.json").read_text())
         assert report["step"] == 2 and report["ckpt_path"] == str(checkpoint) and len(report["problems"]) == 1
     assert not list((tmp_path / "elsewhere").rglob("eval/*.json"))
+    # nothing else: a stray version_N (config.yaml, metrics.csv, run.json) was left per call
+    assert not (tmp_path / "elsewhere").exists() and len(list((tmp_path / "trained/tiny").iterdir())) == 1
 
 
 def test_a_joined_sharded_checkpoint_reports_for_its_folders_run(tmp_path, monkeypatch):
