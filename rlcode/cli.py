@@ -77,7 +77,7 @@ WandbMode = Literal["online", "offline", "disabled"]
 class RunSettings:
     def __init__(self, experiment: str = "rlcode", root_dir: str = "runs", wandb: WandbMode | None = None,
                  wandb_project: str = "rlcode", cpu_threads: int | None = None,
-                 platform_profile: bool = True) -> None:
+                 platform_profile: bool | str = True) -> None:
         """Where the run's files go and which loggers write them.
 
         Args:
@@ -90,6 +90,8 @@ class RunSettings:
                 1 can be several times faster than 2.
             platform_profile: on a GPU, the detected kind's micro-batch, recomputation, eval
                 batch and size and vLLM share fill the keys no config sets (docs/configs.md, "Platform profiles").
+                A GPU kind instead (v100, a100, h100, with xN for N GPUs: h100x4) applies that GPU's
+                profile and precision wherever it runs: with --print_config, a preview from a login node.
         """
         self.experiment = experiment
         self.root_dir = root_dir
@@ -256,17 +258,15 @@ def _print_config_of_the_mode(parser, words: list[str], subcommand_parsers) -> N
 def _choose_precision(config, profile=None) -> None:
     """Unset ``trainer.precision``: the detected hardware's (bf16-mixed from sm_80, 16-mixed on V100 and
     older, 32-true on CPU). Says what it found and chose, once, at start."""
-    info = platform.detect_platform()
-    problem = platform.torch_build_problem(info)  # a CUDA 13 torch on a V100 fails at its first kernel
+    previewed = getattr(profile, "previewed", None)  # run.platform_profile names a GPU to preview
+    info = previewed or platform.detect_platform()
+    problem = None if previewed else platform.torch_build_problem(info)  # a CUDA 13 torch on a V100 fails at its first kernel
     if problem:
         raise cli_errors.UserError(problem)
     chosen = config["trainer"].get("precision")
     how = "from the config"
     if chosen is None:
-        chosen, how = platform.default_precision(info), "chosen for this hardware"
-        if chosen == "16-mixed" and str(config["trainer"].get("strategy")).lower() in STRATEGY_WORDS:
-            # FSDP2 under Lightning does no fp16 loss scaling (rlcode.models.sharding.precision_policy)
-            chosen, how = "32-true", "chosen for FSDP on a GPU without bf16"
+        chosen, how = platform.precision_for(info, config["trainer"].get("strategy"))
         config["trainer"]["precision"] = chosen
         model = config.get("model") or {}
         if "precision" in model:

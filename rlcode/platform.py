@@ -7,7 +7,8 @@ made-up `PlatformInfo` on a machine without a GPU.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 _SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 
@@ -157,6 +158,16 @@ def default_precision(info: PlatformInfo) -> str:
     return "bf16-mixed" if supports_bf16(info) else "16-mixed"
 
 
+def precision_for(info: PlatformInfo, strategy) -> tuple[str, str]:
+    """(precision, why) for an unset ``trainer.precision``: ``default_precision``, except 32-true for
+    FSDP on a GPU without bf16 (FSDP2 under Lightning does no fp16 loss scaling:
+    rlcode.models.sharding.precision_policy)."""
+    chosen = default_precision(info)
+    if chosen == "16-mixed" and str(strategy).lower() in ("fsdp", "fsdp2"):
+        return "32-true", "chosen for FSDP on a GPU without bf16"
+    return chosen, "chosen for this hardware"
+
+
 def default_sandbox_workers(local_ranks: int = 1, info: PlatformInfo | None = None) -> int:
     """Sandbox worker processes for one rank: the node's cores shared among its ranks.
 
@@ -222,6 +233,24 @@ def profile_kind(info: PlatformInfo) -> str | None:
     if major >= 9 and memory_gib >= 70:
         return "h100"
     return "a100"
+
+
+# A GPU kind to preview from a machine without it (``--run.platform_profile h100x4 --print_config``): the
+# typical card of each class, as torch reports it (an "80 GB" card shows ~79 GiB).
+PREVIEW_GPUS = {"v100": ("Tesla V100-SXM2-32GB", (7, 0), 31.7), "a100": ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2),
+                "h100": ("NVIDIA H100 80GB HBM3", (9, 0), 79.1)}
+
+
+def preview_platform(name: str, here: PlatformInfo) -> PlatformInfo:
+    """``here`` as if it had the GPUs ``name`` says: a kind of ``PREVIEW_GPUS``, optionally ``xN`` GPUs
+    (``h100``, ``a100x4``). Raises ValueError naming what is accepted."""
+    match = re.fullmatch(r"(v100|a100|h100)(?:x([1-9][0-9]{0,2}))?", name.strip().lower())
+    if match is None:
+        raise ValueError(f"run.platform_profile {name!r} is not a GPU to preview: use v100, a100 or h100, with "
+                         "xN for N GPUs (h100x4), or true (the GPU here) / off")
+    gpu_name, capability, memory_gib = PREVIEW_GPUS[match.group(1)]
+    return replace(here, device_type="cuda", gpu_name=f"{gpu_name} (preview)", gpu_count=int(match.group(2) or 1),
+                   compute_capability=capability, gpu_memory_bytes=int(memory_gib * 2**30), torch_arch_list=())
 
 
 def profile_for(info: PlatformInfo) -> dict:

@@ -4,7 +4,9 @@ The same rule as the precision: a key set in any ``--config`` file or on the com
 however it compares with the profile. Which keys the user set is read from a first parse without
 defaults; the profile's other keys are then appended to the command line as ``--key=value``, so the
 real parse types and validates them like the user's own arguments and ``--print_config`` shows them.
-``--run.platform_profile off`` applies none.
+``--run.platform_profile off`` applies none; ``--run.platform_profile h100x4`` (a kind, optionally with a
+GPU count) applies that GPU's profile and precision wherever it runs: with ``--print_config``, a login
+node without GPUs shows what a job on those GPUs would get.
 
 On several GPUs the profile also picks ``trainer.strategy``: FSDP when one copy of the model's training
 state (from its parameter count, read off its config on the meta device) does not fit in a share of
@@ -33,6 +35,7 @@ class ProfileChoice:
     kept: dict = field(default_factory=dict)
     switched_off: bool = False
     reasons: dict = field(default_factory=dict)  # why a chosen value (the strategy's sizes)
+    previewed: platform.PlatformInfo | None = None  # the GPU named by run.platform_profile, when one is
 
     def describe(self) -> str:
         """The platform line's part about the profile: every chosen value and how to override it."""
@@ -55,7 +58,15 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
     if isinstance(args, (dict, Namespace)):
         return args, None
     argv = list(sys.argv[1:] if args is None else args)
-    info = platform.detect_platform()
+    info, previewed = platform.detect_platform(), None
+    requested = _requested(argv)
+    if isinstance(requested, str):
+        from rlcode.cli_errors import UserError
+
+        try:
+            info = previewed = platform.preview_platform(requested, info)
+        except ValueError as error:
+            raise UserError(f"{error}\n  e.g. rlcode fit --config FILE --run.platform_profile h100x4 --print_config") from None
     profile = platform.profile_for(info)
     if not profile:
         return args, None
@@ -63,7 +74,7 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
     label = platform.PROFILE_LABELS[platform.profile_kind(info)]
     if user.get(_SWITCH, True) is False:
         return args, ProfileChoice(label, switched_off=True)
-    choice = ProfileChoice(label)
+    choice = ProfileChoice(label, previewed=previewed)
     sharding = _sharding(info, user)
     if sharding is not None:
         profile["trainer.strategy"], choice.reasons["trainer.strategy"] = sharding
@@ -74,8 +85,25 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
             choice.kept[key] = _value_of(key, user)
         else:
             choice.chosen[key] = value
+    if previewed is not None and not _is_set("trainer.precision", user):  # what that GPU would train in
+        strategy = user.get("trainer.strategy") or choice.chosen.get("trainer.strategy")
+        choice.chosen["trainer.precision"], choice.reasons["trainer.precision"] = platform.precision_for(info, strategy)
     return argv + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}"  # a quoted string stays quoted
                    for key, value in choice.chosen.items()], choice
+
+
+def _requested(argv: list[str]):
+    """The command line's ``--run.platform_profile`` as given (True when absent): a GPU to preview is a
+    word other than a YAML boolean. (A config file's value: only true/off, read with the others.)"""
+    value = True
+    for i, arg in enumerate(argv):
+        if arg == f"--{_SWITCH}" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(f"--{_SWITCH}="):
+            value = arg.split("=", 1)[1]
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "on", "off", "yes", "no", "1", "0"):
+        return True
+    return value
 
 
 def _sharding(info, user: dict) -> tuple[str, str] | None:

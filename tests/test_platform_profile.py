@@ -313,3 +313,34 @@ def test_fsdp_on_gpus_without_bf16_trains_in_32_true(monkeypatch, capsys, tmp_pa
     assert "precision 32-true (chosen for FSDP on a GPU without bf16)" in line and "trainer.strategy=fsdp" in line
     with pytest.raises(ValueError, match="FSDP does not train in 16-mixed.*32-true"):
         precision_policy("16-mixed")
+
+
+# ---- a preview from a machine without the GPU ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name, expected", [
+    ("h100x4", {"precision": "bf16-mixed", "strategy": "ddp", "gradient_checkpointing": False}),
+    ("a100", {"precision": "bf16-mixed", "strategy": "auto", "gradient_checkpointing": True}),
+    ("v100x2", {"precision": "16-mixed", "strategy": "ddp", "gradient_checkpointing": True}),
+])
+def test_a_named_gpu_previews_its_profile_and_precision_on_a_cpu(monkeypatch, capsys, name, expected):
+    """A login node had no way to see what a GPU job would get (--print_config showed the class
+    defaults). Detection stays the CPU's here: the preview alone decides."""
+    _fake_gpu(monkeypatch, PlatformInfo(cpu_count=2))
+    merged = _print_config(capsys, "--config", str(REPO / "configs/quickstart.yaml"), "--run.platform_profile", name)
+    shown = {"precision": merged["trainer"]["precision"], "strategy": merged["trainer"]["strategy"],
+             "gradient_checkpointing": merged["model"]["gradient_checkpointing"]}
+    assert shown == expected
+
+
+def test_a_preview_of_fsdp_on_v100s_trains_in_32_bit(monkeypatch, capsys):
+    _fake_gpu(monkeypatch, PlatformInfo(cpu_count=2))
+    merged = _print_config(capsys, "--config", str(REPO / "configs/quickstart.yaml"), "--run.platform_profile",
+                           "v100x4", "--trainer.strategy", "fsdp")
+    assert merged["trainer"]["precision"] == "32-true"
+
+
+def test_a_gpu_that_cannot_be_previewed_is_one_line_naming_those_that_can(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--run.platform_profile", "h200",
+                  "--print_config"])
+    assert "run.platform_profile 'h200' is not a GPU to preview: use v100, a100 or h100" in str(stop.value.code)
