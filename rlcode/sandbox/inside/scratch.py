@@ -26,7 +26,7 @@ compared after every execution: a mounted one that differs is replaced, a plain 
 writer that opened and closed ``O_TMPFILE`` files until the next number spelled its answers left
 nothing in the directory, and a reader decoded ``st_ino`` of one file of its own. Where the
 filesystem is the worker's alone (a tmpfs it mounted, or bwrap's own at ``bwrap-userns``), the
-worker takes the next number itself after every execution (one ``O_TMPFILE``, ~5 us) and compares
+worker takes the next number itself after every execution (one ``O_TMPFILE``, ~15 us) and compares
 it with the one it expects: a mounted directory whose counter moved is replaced (numbering starts
 over), a plain one asks for the worker to be recycled. What a writer still controls is whether that
 happens: at most one bit per execution (the fresh root's times show it).
