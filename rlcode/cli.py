@@ -266,7 +266,7 @@ def _choose_precision(config, profile=None) -> None:
     chosen = config["trainer"].get("precision")
     how = "from the config"
     if chosen is None:
-        chosen, how = platform.precision_for(info, config["trainer"].get("strategy"))
+        chosen, how = platform.precision_for(info, str(config["trainer"].get("strategy")).lower() in STRATEGY_WORDS)
         config["trainer"]["precision"] = chosen
         model = config.get("model") or {}
         if "precision" in model:

@@ -117,9 +117,6 @@ def rlcode_settings_first(subparser, name: str) -> None:
     if trainer is None:
         return
     trainer.title = TRAINER_TITLE
-    for option in trainer._group_actions:
-        if option.dest == "trainer.strategy":  # Lightning lists DeepSpeed, XLA and FSDP1, which rlcode refuses
-            option.help = STRATEGY_HELP
     subparser._action_groups.remove(trainer)
     subparser._action_groups.append(trainer)
     subparser.usage = USAGE.format(name=name)

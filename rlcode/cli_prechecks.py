@@ -14,6 +14,7 @@ from rlcode.models.aliases import MODEL_ALIASES
 from rlcode.rewards.factory import check_reward_names
 from rlcode.setting_ranges import check_ranges
 from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint
+from rlcode.training.fsdp_strategy import STRATEGY_WORDS
 
 
 def check_before_building(config, argv: list[str] | None = None) -> None:
@@ -34,7 +35,7 @@ def check_before_building(config, argv: list[str] | None = None) -> None:
 # The strategies rlcode runs: Lightning's DDP (any of its registry names) and rlcode's FSDP2, plus what
 # Lightning picks for one device. DeepSpeed (what TRL and accelerate users try first) and Lightning's
 # FSDP1 wrap only the module's forward, while a training step generates and runs passes outside it.
-RUNNING_STRATEGY_NAMES = ("auto", "single_device", "fsdp", "fsdp2")
+RUNNING_STRATEGY_NAMES = ("auto", "single_device", *STRATEGY_WORDS)
 RUNNING_STRATEGY_CLASSES = ("DDPStrategy", "FSDP2Strategy", "SingleDeviceStrategy", "ModelParallelStrategy")
 
 

@@ -158,12 +158,12 @@ def default_precision(info: PlatformInfo) -> str:
     return "bf16-mixed" if supports_bf16(info) else "16-mixed"
 
 
-def precision_for(info: PlatformInfo, strategy) -> tuple[str, str]:
+def precision_for(info: PlatformInfo, sharded: bool) -> tuple[str, str]:
     """(precision, why) for an unset ``trainer.precision``: ``default_precision``, except 32-true for
-    FSDP on a GPU without bf16 (FSDP2 under Lightning does no fp16 loss scaling:
+    FSDP (``sharded``) on a GPU without bf16 (FSDP2 under Lightning does no fp16 loss scaling:
     rlcode.models.sharding.precision_policy)."""
     chosen = default_precision(info)
-    if chosen == "16-mixed" and str(strategy).lower() in ("fsdp", "fsdp2"):
+    if chosen == "16-mixed" and sharded:
         return "32-true", "chosen for FSDP on a GPU without bf16"
     return chosen, "chosen for this hardware"
 

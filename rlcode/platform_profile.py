@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from jsonargparse import Namespace
 
 import rlcode.platform as platform
+from rlcode.training.fsdp_strategy import STRATEGY_WORDS
 
 _SWITCH = "run.platform_profile"
 
@@ -87,7 +88,8 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
             choice.chosen[key] = value
     if previewed is not None and not _is_set("trainer.precision", user):  # what that GPU would train in
         strategy = user.get("trainer.strategy") or choice.chosen.get("trainer.strategy")
-        choice.chosen["trainer.precision"], choice.reasons["trainer.precision"] = platform.precision_for(info, strategy)
+        sharded = str(strategy).lower() in STRATEGY_WORDS
+        choice.chosen["trainer.precision"], choice.reasons["trainer.precision"] = platform.precision_for(info, sharded)
     return argv + [f"--{key}={value if isinstance(value, str) else json.dumps(value)}"  # a quoted string stays quoted
                    for key, value in choice.chosen.items()], choice
 

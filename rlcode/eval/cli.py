@@ -232,7 +232,7 @@ def _mbpp_tasks(lines: list[SampleLine], args) -> dict:
     unknown = [line for line in lines if line.error is None and line.task_id not in tasks]
     homes = _splits_holding({line.task_id for line in unknown}, args) if unknown else {}
     for line in unknown:
-        if str(line.raw["task_id"]).startswith("HumanEval/"):
+        if _is_humaneval_id(line.raw["task_id"]):
             hint = ": add --benchmark humaneval"
         elif line.task_id in homes:
             hint = f": it is in the {homes[line.task_id]} split (--split {homes[line.task_id]} or all)"

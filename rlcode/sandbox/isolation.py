@@ -177,6 +177,8 @@ PROCESS_LIMITS = {
 PID_NUMBERS = {
     "fixed": "each child gets the same PID in the worker's namespace whatever ran before (ns_last_pid set "
              "before each fork), and /proc shows a child its own processes only (hidepid)",
+    "fixed-visible": "each child gets the same PID in the worker's namespace whatever ran before, but /proc "
+                     "could not be remounted hidepid: the worker's and template's entries stay readable",
     "checked": "an execution that starts processes or threads is followed by a fresh worker (the next "
                "child's PID would show it: at most one bit per execution); /proc is closed by Landlock",
     "private-proc": "each child mounts a /proc of its own PID namespace (/proc/self is 1)",
@@ -207,8 +209,9 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
     process_limit = worker.get("process_limit") or "shared-uid"
     abi = int(worker.get("landlock_abi") or 0)
     no_cores, cores_note = core_dumps.describe(bool(worker.get("seccomp")))
-    pid_numbers = worker.get("pid_numbering") or (
-        "private-proc" if level == "process" and real_uid_drop and worker.get("pid_namespace") else "host")
+    pid_numbers = worker.get("pid_numbering") or "host"
+    if pid_numbers == "fixed" and not worker.get("processes_hidden"):  # the hidepid remount failed
+        pid_numbers = "fixed-visible"
     layers = {
         "filesystem_hidden": bwrap,
         "landlock": bool(worker.get("landlock")),
@@ -222,7 +225,7 @@ def _report(level: str, worker: dict, seccomp_note: str, failures: list[str],
         "unix_sockets_drained": bool(worker.get("unix_drain")),
         "seccomp": bool(worker.get("seccomp")),
         "pid_namespace_per_execution": bool(worker.get("pid_namespace")),
-        "pid_numbers_private": pid_numbers != "host",
+        "pid_numbers_private": pid_numbers not in ("host", "fixed-visible"),
         "inode_numbers_private": bool(worker.get("inode_numbering")),
         "subreaper": bool(worker.get("subreaper")),
         "sandbox_uid": real_uid_drop or level == "bwrap-userns",

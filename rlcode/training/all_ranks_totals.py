@@ -1,4 +1,6 @@
-"""Step totals summed over the ranks of a distributed run, in one collective per step.
+"""Step totals summed over the ranks of a distributed run: one collective per step before the update
+(``sum_over_ranks``), and one small one for the counts people read once the step is recorded
+(``counts_over_ranks``).
 
 Every rank needs the same answers to:
 

@@ -279,7 +279,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
             if hp.mask_truncated_completions else rollout.completion_mask
         flat = self.mode.estimator.flat_rows(experience, rewards)  # [N] rows without a learning signal
         frac_flat = flat.float().mean() if flat.numel() else torch.zeros((), device=self.device)  # no rows: none flat
-        totals = sum_over_ranks(ranks, rewards, loss_mask, frac_flat)  # the step's one collective
+        totals = sum_over_ranks(ranks, rewards, loss_mask, frac_flat)  # the update's one collective
         advantages = self.mode.estimator.advantages(ranks, experience, rewards, totals)
         rows = self._rows_to_train(advantages)
         update = not hp.dry_run and totals.loss.tokens > 0 and ranks.any(len(rows) > 0)

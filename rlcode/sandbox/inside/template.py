@@ -154,7 +154,7 @@ def _fork_child(worker, header: dict, fds: list) -> int:
     plan = child_harness.Confinement(workdir=workdir, limits=header["limits"], uid=worker.child_uid,
                                      oom_first=worker.in_cgroup, seccomp_program=worker.seccomp,
                                      landlock=landlock, landlock_flags=worker.landlock_flags,
-                                     private_proc=not worker.in_bwrap, private_shm=not landlock)
+                                     private_proc=worker.private_proc, private_shm=not landlock)
     if worker.own_pidns is not None and _libc.unshare(CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
     worker.pids.before_fork()

@@ -112,9 +112,11 @@ class Worker:
         self.own_pidns = None
         if config.get("pid_namespace", True):
             self.own_pidns = self._probe_pid_namespace()
-        # PIDs and /proc entries that carry nothing between executions (pid_numbering.py)
+        # PIDs and /proc entries that carry nothing between executions (pid_numbering.py); without bwrap,
+        # root's children each mount a /proc of their own PID namespace (child_harness._private_mounts)
         self.processes_hidden = self.in_bwrap and self.is_root and pid_numbering.hide_other_processes()
         self.pids = pid_numbering.PidNumbering(own_namespace=self.in_bwrap)  # bwrap gave us a PID namespace
+        self.private_proc = not self.in_bwrap and self.is_root and self.own_pidns is not None
         self.landlock_flags = landlock.restrict_flags(abi) if policy is not None else 0
         self.last_child_pid = None
         self.shutting_down = False
@@ -187,7 +189,8 @@ class Worker:
                 "seccomp": self.seccomp is not None, "prefix_reachable": self.prefix_reachable,
                 "child_template": self.template is not None,
                 "network_namespace": self.own_network, "subreaper": self.subreaper, "rlimits": True,
-                "pid_numbering": self.pids.mode, "processes_hidden": self.processes_hidden,
+                "pid_numbering": self.pids.mode or ("private-proc" if self.private_proc else None),
+                "processes_hidden": self.processes_hidden,
                 "inode_numbering": self.scratch.numbering,
                 "unix_drain": self.unix_drain is not None and self.unix_drain.available,
                 "memory_settle": self.slot_memory is not None,
