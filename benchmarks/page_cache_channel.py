@@ -89,7 +89,8 @@ def main() -> None:
                "bits_per_pair": bits / len(trials), "reader_seconds_per_pair": sum(t["reader_s"] for t in trials) / len(trials)}
     print(json.dumps(summary))
     if args.out:
-        Path(args.out).write_text(json.dumps({"run": record, "isolation": level, "file": FILE,
+        shown = "<stdlib>/" + os.path.relpath(FILE, sysconfig.get_paths()["stdlib"])  # no path of this machine
+        Path(args.out).write_text(json.dumps({"run": record, "isolation": level, "file": shown,
                                               "threshold_ns": THRESHOLD_NS, "trials": trials,
                                               "summary": summary}, indent=1) + "\n")
 

@@ -234,7 +234,7 @@ def test_adapters_of_a_short_name_record_its_public_hub_id():
 
     from rlcode.export import name_base_model
 
-    policy = SimpleNamespace(peft_config={"default": SimpleNamespace(base_model_name_or_path="/root/.cache/x")})
+    policy = SimpleNamespace(peft_config={"default": SimpleNamespace(base_model_name_or_path="~/.cache/rlcode/models/x")})
     name_base_model(policy, "smollm2-135m-instruct")
     assert policy.peft_config["default"].base_model_name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"
     name_base_model(policy, "some/other-model")  # a hub id or a folder the user gave: kept as given
