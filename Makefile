@@ -41,7 +41,7 @@ export MBPP_DATASET_PATH ?= $(if $(wildcard $(SHARED_MBPP)),$(SHARED_MBPP),)
 setup: $(STAMP)
 
 # Short output: what is being installed, then the installed versions and the sandbox level
-# (rlcode/setup_report.py); pip speaks only when something goes wrong.
+# (rlcode/cli/setup_report.py); pip speaks only when something goes wrong.
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 $(STAMP): pyproject.toml $(LOCK)
 	@$(MAKE) --no-print-directory system-deps
@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@$(PIP) --upgrade pip
 	@$(PIP) -c $(LOCK) $(TORCH_PIP)
 	@$(PIP) -c $(LOCK) -e ".[dev]"
-	@$(PY) -m rlcode.setup_report
+	@$(PY) -m rlcode.cli.setup_report
 	@touch $@
 
 # Re-resolve the lock to the newest releases pyproject.toml allows (with uv, against torch
@@ -72,7 +72,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check $(TORCH_PIP)
 	$(LATEST_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
-	$(LATEST_VENV)/bin/python -m rlcode.setup_report
+	$(LATEST_VENV)/bin/python -m rlcode.cli.setup_report
 	$(LATEST_VENV)/bin/pytest -q -m "not integration and not vllm"
 	$(LATEST_VENV)/bin/pytest -q -m integration
 

@@ -45,7 +45,7 @@ from learning_mbpp import mcnemar_exact  # noqa: E402
 from rlcode.data.mbpp import load_mbpp  # noqa: E402
 from rlcode.data.output_prediction import prediction_cases  # noqa: E402
 from rlcode.envs.code_game import PREDICTOR_PROMPT, extract_prediction, start_check  # noqa: E402
-from rlcode.export import read_checkpoint, restore_module  # noqa: E402
+from rlcode.cli.export import read_checkpoint, restore_module  # noqa: E402
 from rlcode.models import load_model, load_tokenizer  # noqa: E402
 from rlcode.rewards.extraction import extract_code  # noqa: E402
 from rlcode.rollout.base import SamplingParams  # noqa: E402

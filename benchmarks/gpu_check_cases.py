@@ -182,7 +182,7 @@ def check_platform(setup: Setup) -> dict:
     import torch
 
     from rlcode import platform
-    from rlcode.platform_profile import ProfileChoice
+    from rlcode.cli.platform_profile import ProfileChoice
 
     info = platform.detect_platform()
     precision, kind = platform.default_precision(info), platform.profile_kind(info)

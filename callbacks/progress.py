@@ -19,7 +19,7 @@ import sys
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from rlcode.quiet_output import interactive
+from rlcode.run_dir.quiet_output import interactive
 from rlcode.training.step_scalars import named
 
 

@@ -2,12 +2,12 @@
 top of, as `rlcode fit --config A --config B`.
 
 An overlay names only what it changes, so it is checked on its stack: the configs its first line says it
-goes after (``rlcode.config_overlays``), bases first. Every other config stands alone.
+goes after (``rlcode.cli.overlays``), bases first. Every other config stands alone.
 """
 
 from pathlib import Path
 
-from rlcode.config_overlays import overlay_bases
+from rlcode.cli.overlays import overlay_bases
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*(REPO / "configs").rglob("*.yaml"), *(REPO / "benchmarks" / "configs").rglob("*.yaml")])

@@ -94,6 +94,6 @@ if __name__ == "__main__":
     _state["log"] = root / "events.jsonl"
     atexit.register(lambda: event("exit"))
     _install()
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(sys.argv[4:])

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcode import cli, run_dir
+from rlcode import run_dir
+from rlcode.cli import command as cli
 from rlcode.run_dir import loggers
 
 from config_stacks import CONFIGS, REPO, config_id, config_stack

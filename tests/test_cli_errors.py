@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcode import cli_errors
-from rlcode.cli import main
+from rlcode.cli import errors as cli_errors
+from rlcode.cli.command import main
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]
@@ -103,7 +103,7 @@ CASES = {
 # there as it would on a terminal, and a SystemExit message is printed as the interpreter prints it.
 _RUNNER = """
 import json, os, sys
-from rlcode.cli import main
+from rlcode.cli.command import main
 cases, folder = json.loads(sys.argv[1]), sys.argv[2]
 del sys.argv[1:]  # main(args) reads only its arguments
 for name, args in cases.items():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcode.cli import main
-from rlcode.cli_help import COMMANDS, MODES
+from rlcode.cli.command import main
+from rlcode.cli.help import COMMANDS, MODES
 
 REPO = Path(__file__).resolve().parents[1]
 

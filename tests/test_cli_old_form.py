@@ -65,7 +65,7 @@ def test_old_flags_get_one_line_too():
 
 
 def test_every_config_in_the_repository_has_the_new_form():
-    from rlcode.cli_old_form import check
+    from rlcode.cli.old_form import check
 
     for config in sorted((REPO / "configs").rglob("*.yaml")):
         check(["fit", "--config", str(config)])  # raises on the old form

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.cli import main
-from rlcode.cli_seed_names import SEED_NAMES, markdown_table, seed_hint
+from rlcode.cli.command import main
+from rlcode.cli.seed_names import SEED_NAMES, markdown_table, seed_hint
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]

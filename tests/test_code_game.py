@@ -94,7 +94,7 @@ def test_returns_of_the_game(pool):
 
 
 def test_fit_counts_successful_predictions(tmp_path):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", "--config", str(REPO / "configs/code_game.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--run.root_dir", str(tmp_path), "--eval.at_start", "false", "--eval.at_end", "false"])

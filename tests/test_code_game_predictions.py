@@ -157,7 +157,7 @@ def test_a_budget_without_room_for_an_output_stops_the_run_at_startup(pool):
 
 
 def test_fit_with_learnability_and_two_predictions(tmp_path):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", "--config", str(REPO / "configs/code_game.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--model.mode.init_args.writer_reward", "learnability",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlcode import cli
-from rlcode.config_overlays import OVERLAY_MARK, config_files, overlay_bases, overlay_note
+from rlcode.cli import command as cli
+from rlcode.cli.overlays import OVERLAY_MARK, config_files, overlay_bases, overlay_note
 
 from config_stacks import CONFIGS, REPO, config_id
 

@@ -70,7 +70,7 @@ def test_yaml_snippet_loads(where, block):
 
 
 def _parse(capsys, args: list[str]) -> dict:
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     with pytest.raises(SystemExit) as stop:
         main([*args, "--print_config"])

@@ -20,8 +20,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from rlcode import cli
-from rlcode.export import build_mode, export
+from rlcode.cli import command as cli
+from rlcode.cli.export import build_mode, export
 from rlcode.models import resolve_model_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,7 +232,7 @@ def test_adapters_of_a_short_name_record_its_public_hub_id():
     """Not the folder in the exporting user's cache (~/.cache/rlcode/models/...)."""
     from types import SimpleNamespace
 
-    from rlcode.export import name_base_model
+    from rlcode.cli.export import name_base_model
 
     policy = SimpleNamespace(peft_config={"default": SimpleNamespace(base_model_name_or_path="~/.cache/rlcode/models/x")})
     name_base_model(policy, "smollm2-135m-instruct")

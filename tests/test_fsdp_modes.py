@@ -60,7 +60,7 @@ def _run(out: Path, mode: str, strategy: str) -> None:
 
     import rlcode.training.learner as learner_module
     from exact_float64 import in_float64
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.models.sharding import full_tensor
 
     torch.set_num_threads(1)

@@ -128,6 +128,6 @@ if __name__ == "__main__":
         how, _, at = stop.partition("@")
         _stop_every_rank(how, int(at))
     _record_greedy_tokens(root)
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(arguments(root, *FSDP, *sys.argv[3:]))

@@ -47,7 +47,7 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = Non
     import torch
 
     from rlcode.callbacks import stop_request
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.training import policy_update
     from rlcode.training.learner import Learner
 
@@ -216,7 +216,7 @@ def _run_eval_signal_rank(out_dir: Path) -> None:
     import torch
 
     from rlcode.callbacks import stop_request
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.eval import policy_scoring
     from rlcode.training.learner import Learner
 
@@ -290,7 +290,7 @@ def _run_spiral_rank(out_dir: Path) -> None:
     """SPIRAL self-play on 2 ranks: each rank writes its role baselines and the games it played."""
     import torch
 
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.training.learner import Learner
 
     def on_train_end(self):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcode.cli import main
+from rlcode.cli.command import main
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml")]

@@ -217,7 +217,7 @@ def test_rlcode_validate_and_test_score_human_eval(tmp_path, monkeypatch, capsys
     import dataclasses
     from pathlib import Path
 
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.training.learner import Learner
 
     repo = Path(__file__).resolve().parents[1]

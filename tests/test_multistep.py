@@ -121,7 +121,7 @@ def test_attempt_metrics_by_hand():
 
 
 def test_fit_leaves_a_run_directory_with_conversations(tmp_path, capsys):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", "--config", str(REPO / "configs/multistep_mbpp.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--run.root_dir", str(tmp_path), "--eval.at_start", "false"])
@@ -142,7 +142,7 @@ def test_fit_leaves_a_run_directory_with_conversations(tmp_path, capsys):
 
 def test_fit_with_challenge_hidden_tests_on_the_train_split_refuses_in_one_line(tmp_path):
     """No train task has challenge tests: the run stops at setup with one line, before any step."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--config", str(REPO / "configs/multistep_mbpp.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
@@ -155,7 +155,7 @@ def test_fit_with_challenge_hidden_tests_on_the_train_split_refuses_in_one_line(
 
 def test_the_curriculum_hears_each_problems_share_of_solved_episodes(tmp_path):
     """Multi-step feeds the curriculum its episodes' successes per problem (2 problems x 4 episodes)."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.data.datamodule import MBPPDataModule
 
     fed = []

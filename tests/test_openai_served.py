@@ -133,7 +133,7 @@ def test_dry_run_fit_loads_no_local_model(server, tmp_path, capsys, monkeypatch)
     """ART's ``--dry-run --use-openai``: rollouts from the served model, rewards in the sandbox, no update,
     and neither weights nor a tokenizer loaded locally."""
     import rlcode.models as models
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     def refuse(*args, **kwargs):
         raise AssertionError("the served dry run loaded a local model")
@@ -156,7 +156,7 @@ def test_dry_run_fit_loads_no_local_model(server, tmp_path, capsys, monkeypatch)
 
 def test_spiral_against_a_served_opponent(server, tmp_path):
     """The tiny policy holds seat 1 and trains; seat 0 is SmolLM2 behind the server."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", *SPIRAL_BASE, "--run.root_dir", str(tmp_path), "--model.mode.opponent", "served",
           "--model.mode.trained_seat", "1", "--model.mode.opponent_server", json.dumps({"base_url": server, "model": MODEL}),

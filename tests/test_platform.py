@@ -80,7 +80,7 @@ def test_unset_trainer_precision_is_chosen_from_the_hardware(monkeypatch, capsys
     """With trainer.precision unset the CLI picks it from the detected GPU (and the
     model's weight precision with it) and prints the platform line; a set precision is kept."""
     import rlcode.platform
-    from rlcode import cli
+    from rlcode.cli import command as cli
 
     info = gpu(capability, "Tesla V100") if capability else PlatformInfo(cpu_count=2)
     monkeypatch.setattr(rlcode.platform, "detect_platform", lambda: info)
@@ -100,7 +100,7 @@ def test_cli_builds_the_trainer_with_the_chosen_precision(monkeypatch):
     from pathlib import Path
 
     import rlcode.platform
-    from rlcode import cli
+    from rlcode.cli import command as cli
     from rlcode.training.learner import Learner
     from rlcode.data.datamodule import MBPPDataModule
 

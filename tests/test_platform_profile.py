@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import rlcode.platform
-from rlcode import cli
+from rlcode.cli import command as cli
 from rlcode.platform import PlatformInfo, profile_for, profile_kind
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_the_platform_line_lists_what_was_chosen_and_kept(monkeypatch, capsys):
 
 
 def test_the_platform_line_says_when_the_profile_is_off(monkeypatch, capsys):
-    from rlcode.platform_profile import ProfileChoice
+    from rlcode.cli.platform_profile import ProfileChoice
 
     _fake_gpu(monkeypatch, H100)
     cli._choose_precision({"trainer": {"precision": "bf16-true"}, "model": {}}, ProfileChoice("H100-class",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcode import cli
-from rlcode.cli_help import DEFAULT_MODE
+from rlcode.cli import command as cli
+from rlcode.cli.help import DEFAULT_MODE
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP
 from rlcode.training.learner import Learner
 

@@ -99,7 +99,7 @@ def test_a_model_built_by_the_user_gets_its_tokenizer_and_backend_set_up():
 
 
 def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     with pytest.raises(SystemExit, match="no checkpoint at"):
         main(["export", "--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "out")])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.cli import main
+from rlcode.cli.command import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -205,6 +205,6 @@ if __name__ == "__main__":
         _kill_after_checkpoint(int(stop.removeprefix("kill@")))
     elif stop.startswith("sigint@"):
         _interrupt_at(int(stop.removeprefix("sigint@")))
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(arguments(root, *sys.argv[3:]))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.cli import main
-from rlcode.cli_resume_guard import differences
+from rlcode.cli.command import main
+from rlcode.cli.resume_guard import differences
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GRPO = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.cli import main
-from rlcode.setting_ranges import RANGES, Range
+from rlcode.cli.command import main
+from rlcode.cli.ranges import RANGES, Range
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]

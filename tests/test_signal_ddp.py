@@ -32,7 +32,7 @@ def coin_on_rank_zero(prompts, completions, **columns) -> list[float]:
 def _run_one_rank(out_dir: Path) -> None:
     import torch
 
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from rlcode.training.learner import Learner
 
     from rlcode.data.datamodule import MBPPDataModule

@@ -116,7 +116,7 @@ def expected_order() -> list[list[int]]:
 def test_the_cli_turns_lightnings_auto_requeue_off_only_under_slurm(monkeypatch):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    from rlcode.cli import _slurm_without_auto_requeue
+    from rlcode.cli.command import _slurm_without_auto_requeue
 
     for name in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
         monkeypatch.delenv(name, raising=False)

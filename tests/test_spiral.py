@@ -183,7 +183,7 @@ def test_trained_tokens_are_the_sampled_tokens_and_context_is_what_the_model_saw
 
 
 def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path)])
     run = next(tmp_path.glob("tiny/version_*"))
@@ -212,7 +212,7 @@ def test_fit_leaves_a_complete_run_directory(tmp_path, capsys):
 def test_baselines_and_games_resume_exactly(tmp_path):
     """A run resumed from its step-2 checkpoint plays the same games with the same baselines as one
     that never stopped (the baselines are checkpoint state)."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     quiet = ["--game_eval.at_start", "false", "--game_eval.at_end", "false", "--checkpoint.every_n_train_steps", "1"]
     main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path / "straight"), "--trainer.max_steps", "3", *quiet])
@@ -230,7 +230,7 @@ def test_baselines_and_games_resume_exactly(tmp_path):
 
 
 def test_validate_reports_game_rates(tmp_path):
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["validate", *SPIRAL, "--run.root_dir", str(tmp_path)])
     with next(tmp_path.glob("tiny/version_*/metrics.csv")).open() as handle:
@@ -244,7 +244,7 @@ def test_validate_reports_game_rates(tmp_path):
 def test_one_seat_against_a_fixed_opponent(tmp_path, opponent):
     """The policy holds seat 1 only; seat 0 is a random legal mover or a frozen copy of the start.
     Only seat 1's turns are trained, and the opponent's moves are in the logged games."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", *SPIRAL, "--run.root_dir", str(tmp_path), "--model.mode.opponent", opponent,
           "--model.mode.trained_seat", "1", "--game_eval.at_start", "false", "--game_eval.at_end", "false"])
@@ -274,7 +274,7 @@ def test_game_mixture_is_drawn_by_weight_and_seeded_per_step_and_rank():
 def test_multigame_gpu_recipe_runs_on_the_tiny_model(tmp_path):
     """The GPU recipe's settings (three games, boxed moves, dr_grpo, two PPO epochs, zero-advantage
     turns dropped) run end to end with the tiny-model overlay."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", "--config", str(REPO / "configs/spiral_multigame.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"),
           "--run.root_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--trainer.devices", "1",

@@ -124,6 +124,6 @@ if __name__ == "__main__":
         _sigterm_during_generation(root, int(stop.removeprefix("sigterm@")))
     elif stop.startswith("sigterm-update@"):
         _sigterm_during_update(root, int(stop.removeprefix("sigterm-update@")))
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(arguments(root, *sys.argv[3:]))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import rlcode.platform
-from rlcode import cli
-from rlcode.cli_errors import UserError
+from rlcode.cli import command as cli
+from rlcode.cli.errors import UserError
 from rlcode.platform import CU126_INDEX, PlatformInfo, build_runs_on, torch_build_problem
 
 REPO = Path(__file__).resolve().parents[1]

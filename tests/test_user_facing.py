@@ -50,7 +50,7 @@ def test_pyproject_uses_an_spdx_license_string():
 
 
 def test_setup_report_names_versions_and_the_sandbox_level(capsys):
-    from rlcode.setup_report import main
+    from rlcode.cli.setup_report import main
 
     main()
     lines = capsys.readouterr().out.strip().splitlines()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlcode.callbacks.mbpp_eval import NUM_QUESTIONS_ENV
-from rlcode.cli import main
+from rlcode.cli.command import main
 from rlcode.run_dir import unstarted
 from rlcode.run_dir.checkpoint_file import _JOINED_FROM, checkpoint_run_directory
 

@@ -159,7 +159,7 @@ ROUNDING_TIMES = 100  # step 1's largest |log ratio| may be this many times step
 def _fit(out: Path, mode: str) -> None:
     """One 2-step fit (this file run as a script: each fit builds its engine in a fresh process, as a
     run does; vLLM's process groups do not outlive a Lightning run's teardown in one process)."""
-    from rlcode.cli import main
+    from rlcode.cli.command import main
     from test_fsdp_modes import _patch_rewards
 
     _patch_rewards()

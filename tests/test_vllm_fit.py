@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vllm_stand_in
-from rlcode.cli import main
+from rlcode.cli.command import main
 from rlcode.envs.runner import EpisodeRunner
 from test_grpo_fit import BASE, fit, initial_weights, policy_weights
 

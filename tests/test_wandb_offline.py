@@ -66,7 +66,7 @@ def config_keys(path: Path) -> set[str]:
 
 
 def fit(root: Path, *extra: str) -> None:
-    from rlcode.cli import main
+    from rlcode.cli.command import main
 
     main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
           "--run.root_dir", str(root), "--run.wandb", "offline", "--eval.at_start", "false",

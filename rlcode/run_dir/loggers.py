@@ -25,7 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from rlcode.quiet_output import without_wandb_anonymous
+from rlcode.run_dir.quiet_output import without_wandb_anonymous
 from rlcode.run_dir.identity import run_identity
 
 _said: set[str] = set()

@@ -1,7 +1,7 @@
 """A mistake in a command or config reaches the user as at most three lines: what is wrong, where
 (the key, the config file and line, or the command line) and the fix, with "did you mean" for a
 misspelled key, class or value, and rlcode's key for a key of the scripts it replaces
-(``rlcode.cli_seed_names``).
+(``rlcode.cli.seed_names``).
 
 jsonargparse reports a parse error as the whole usage (70-115 lines) followed by a nested message;
 a ValueError of a class's ``__init__`` surfaces as a traceback. ``explain_parse_error`` and
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from rlcode.cli_help import COMMANDS, DATA_CLASSES, MODE_CLASSES
-from rlcode.cli_seed_names import seed_hint
+from rlcode.cli.help import COMMANDS, DATA_CLASSES, MODE_CLASSES
+from rlcode.cli.seed_names import seed_hint
 from rlcode.training.learner import Learner
 
 DEBUG_ENV = "RLCODE_DEBUG"

@@ -28,7 +28,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcode.cli_errors import UserError
+from rlcode.cli.errors import UserError
 from rlcode.run_dir.checkpoint_file import checkpoint_metadata
 
 FIXED = ("model_name", "lora", "quantization", "max_new_tokens", "temperature", "top_p", "top_k", "stop",

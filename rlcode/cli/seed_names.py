@@ -2,7 +2,7 @@
 
 Users of those scripts type their keys (``model.id``, ``evaluation.eval_interval_steps``,
 ``--num-steps``), and the spelling-based "did you mean" then points at an unrelated setting
-(``model.id`` -> ``model.mode``). ``rlcode.cli_errors`` asks ``seed_hint`` first: a name of the
+(``model.id`` -> ``model.mode``). ``rlcode.cli.errors`` asks ``seed_hint`` first: a name of the
 table gets its rlcode key, or, for a name with no setting here, what to do instead.
 
 The table, as the docs show it, is ``markdown_table()``.

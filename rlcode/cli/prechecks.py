@@ -1,6 +1,6 @@
 """Settings that would fail only after the trainer started (and printed its lines), checked before
-anything is built: numbers out of range (``rlcode.setting_ranges``), the checkpoint to start from,
-the model, the reward names. Each failure is a ``UserError`` of ``rlcode.cli_errors``: one line of
+anything is built: numbers out of range (``rlcode.cli.ranges``), the checkpoint to start from,
+the model, the reward names. Each failure is a ``UserError`` of ``rlcode.cli.errors``: one line of
 what and where, one of the fix.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlcode.cli_errors import UserError, did_you_mean
+from rlcode.cli.errors import UserError, did_you_mean
 from rlcode.models.aliases import MODEL_ALIASES
 from rlcode.rewards.factory import check_reward_names
-from rlcode.setting_ranges import check_ranges
+from rlcode.cli.ranges import check_ranges
 from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS
 

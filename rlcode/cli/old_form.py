@@ -15,8 +15,8 @@ import inspect
 
 import yaml
 
-from rlcode.cli_errors import UserError, config_files
-from rlcode.cli_help import MODE_CLASSES
+from rlcode.cli.errors import UserError, config_files
+from rlcode.cli.help import MODE_CLASSES
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP
 from rlcode.training.learner import Learner
 

@@ -4,7 +4,7 @@ LightningCLI's own help describes a generic Lightning trainer ("Lightning Traine
 tool", "Runs the full optimization routine.", LightningDataModule's docstring cut mid-sentence as the
 data section's heading). A training mode is a (model class, data class) pair, which a user picks
 with ``model.mode.class_path`` and ``data.class_path`` in a config: the table below is where the help, the "did you mean" of an unknown
-class (``rlcode.cli_errors``) and the README name them.
+class (``rlcode.cli.errors``) and the README name them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ MODE_CLASSES = tuple(mode.model for mode in MODES)
 DEFAULT_MODE = MODE_CLASSES[0]
 DATA_CLASSES = (MBPP_DATA, GAME_DATA)
 
-# One line per command; `export` is not a Lightning subcommand (rlcode.cli hands it to rlcode.export).
+# One line per command; `export` is not a Lightning subcommand (rlcode.cli hands it to rlcode.cli.export).
 COMMANDS = {
     "fit": "train: rollouts, rewards and policy updates, with MBPP evals, checkpoints and resume",
     "validate": "score a model or checkpoint (--ckpt_path): MBPP pass rate on data.eval_split, or game win rates",
@@ -92,7 +92,7 @@ STRATEGY_HELP = ("ddp (Lightning's DDPStrategy) or fsdp (rlcode's FSDP2), with -
 
 def describe_subcommands(parser) -> None:
     """Replace the Trainer-method docstrings LightningCLI lists the subcommands with by rlcode's lines,
-    list ``export`` with them (help only: ``rlcode.cli`` hands it to ``rlcode.export`` before parsing)
+    list ``export`` with them (help only: ``rlcode.cli`` hands it to ``rlcode.cli.export`` before parsing)
     and say what ``--ckpt_path last`` means in rlcode."""
     action = parser._subcommands_action
     for choice in action._choices_actions:

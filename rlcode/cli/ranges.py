@@ -3,7 +3,7 @@ before anything is built (no model, no trainer, no run directory).
 
 A negative learning rate or ``max_new_tokens: 0`` otherwise surfaces deep inside a step or an eval,
 as a traceback after minutes, with a partial run directory left behind. One table here, checked in
-one pass by ``rlcode.cli_prechecks``: ``rlcode: model.learning_rate=-1e-05 is out of range: use a
+one pass by ``rlcode.cli.prechecks``: ``rlcode: model.learning_rate=-1e-05 is out of range: use a
 number > 0 (on the command line)``. Keys are written as on the command line (``model.mode.X`` for a
 mode's settings, ``data.X`` for the DataModule's); a key a config's classes do not have is skipped,
 and so is a value of None (the documented "off" or "default" of the optional ones).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlcode.cli_errors import UserError, locate
+from rlcode.cli.errors import UserError, locate
 
 
 @dataclass(frozen=True)

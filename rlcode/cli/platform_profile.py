@@ -62,7 +62,7 @@ def with_profile(parser, args) -> tuple[list[str] | dict | Namespace | None, Pro
     info, previewed = platform.detect_platform(), None
     requested = _requested(argv)
     if isinstance(requested, str):
-        from rlcode.cli_errors import UserError
+        from rlcode.cli.errors import UserError
 
         try:
             info = previewed = platform.preview_platform(requested, info)

@@ -41,7 +41,7 @@ from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
 from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
-from rlcode import cli_errors, cli_help, cli_old_form, cli_prechecks, cli_resume_guard, config_overlays  # noqa: E402
+from rlcode.cli import errors as cli_errors, help as cli_help, old_form as cli_old_form, prechecks as cli_prechecks, resume_guard as cli_resume_guard, overlays as config_overlays  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -51,10 +51,10 @@ from rlcode.data.datamodule import MBPPDataModule  # noqa: E402, F401
 from rlcode.data.games import GameDataModule  # noqa: E402, F401
 from rlcode.data.mbpp import MBPPDataError  # noqa: E402
 from rlcode.errors import SettingError  # noqa: E402
-from rlcode.export import main as export_main  # noqa: E402
+from rlcode.cli.export import main as export_main  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 import rlcode.platform as platform  # noqa: E402  (module access: tests fake detect_platform on it)
-from rlcode.platform_profile import with_profile  # noqa: E402
+from rlcode.cli.platform_profile import with_profile  # noqa: E402
 from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
                             run_loggers, version_of)
 from rlcode.run_dir.checkpoint_file import (checkpoint_run_directory, is_sharded_checkpoint,  # noqa: E402
@@ -62,7 +62,7 @@ from rlcode.run_dir.checkpoint_file import (checkpoint_run_directory, is_sharded
 from rlcode.run_dir.identity import new_run_id, read_run  # noqa: E402
 from rlcode.run_dir.loggers import reachable, say_once  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
-from rlcode.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
+from rlcode.run_dir.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
 from rlcode.rollout.openai.client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
 

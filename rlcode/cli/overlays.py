@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rlcode.cli_errors import UserError
+from rlcode.cli.errors import UserError
 
 OVERLAY_MARK = "# Overlay, not a recipe: "
 

@@ -1,0 +1,3 @@
+from rlcode.cli.command import main
+
+main()
