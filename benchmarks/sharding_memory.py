@@ -179,7 +179,7 @@ def _train_worker(rank: int, world: int, port: int, mode: str, folder: str, out:
                          world_size=world, count_range=Ranks(world).count_range)
     settings = UpdateSettings(loss_type="dapo", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
                               importance_sampling_level="token", num_iterations=1, micro_batch_size=1,
-                              share_prefix=True, temperature=1.0, max_completion_length=COMPLETION)
+                              share_prefix=True, temperature=1.0, max_new_tokens=COMPLETION)
     update_policy(model, hooks, settings, rollout, loss_mask, torch.tensor([1.0, -1.0]), None,
                   torch.arange(ROWS), LossTotals.of(loss_mask))
     step_peak = _status_mb("VmHWM")

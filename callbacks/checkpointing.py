@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from typing import Annotated
 from weakref import proxy
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from rlcode.callbacks import stop_request
+from rlcode.setting import COUNT_OR_ZERO, Range, free
 
 # GRPO steps the optimizer inside training_step by design, so a checkpoint holds the state after
 # the step it is named after; Lightning's warning about exactly that is noise here.
@@ -30,7 +32,9 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 
 
 class StepCheckpoint(ModelCheckpoint):
-    def __init__(self, every_n_train_steps: int = 50, keep: int = 3, save_weights_only: bool = False) -> None:
+    def __init__(self, every_n_train_steps: Annotated[int, free(COUNT_OR_ZERO)] = 50,
+                 keep: Annotated[int, free(Range(1, integer=True, also=(-1,), also_meaning="all"))] = 3,
+                 save_weights_only: Annotated[bool, free()] = False) -> None:
         """Save every ``every_n_train_steps`` optimizer steps and at the end (``last.ckpt``).
 
         Args:

@@ -14,6 +14,7 @@ unrecorded, the run saves and stops, and a resumed run plays the eval due at its
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
@@ -21,10 +22,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from rlcode.callbacks import stop_request
 from rlcode.envs.game_evaluation import eval_report, outcome_rates, rate_metrics
 from rlcode.run_dir import run_directory
+from rlcode.setting import COUNT_OR_ZERO, free
 
 
 class GameEval(L.Callback):
-    def __init__(self, every_n_steps: int = 20, at_start: bool = True, at_end: bool = True) -> None:
+    def __init__(self, every_n_steps: Annotated[int, free(COUNT_OR_ZERO)] = 20, at_start: Annotated[bool, free()] = True,
+                 at_end: Annotated[bool, free()] = True) -> None:
         """Evaluate game play against a random legal mover.
 
         Args:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import lightning as L
 import torch.distributed as dist
@@ -40,6 +40,7 @@ from rlcode.eval.progress import EvalProgress
 from rlcode.eval.settings import EvalSettings, resolve
 from rlcode.run_dir import checkpoint_metadata, run_directory
 from rlcode.run_dir.checkpoint_file import checkpoint_run_directory, original_checkpoint
+from rlcode.setting import COUNT, COUNT_OR_ZERO, POSITIVE, TEMPERATURE, check_arguments, free
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
 BENCHMARKS = tuple(BENCHMARK_NAMES)
@@ -48,19 +49,19 @@ BENCHMARKS = tuple(BENCHMARK_NAMES)
 class MBPPEval(L.Callback):
     def __init__(
         self,
-        num_questions: int | None = 5,
-        every_n_steps: int = 20,
-        at_start: bool = True,
-        at_end: bool = True,
-        num_samples: int = 0,
-        k: list[int] = [1],  # noqa: B006 (jsonargparse needs the literal default)
-        temperature: float = 0.2,
-        max_new_tokens: int | None = None,
-        timeout: float = 10.0,
-        batch_size: int | None = None,
-        sandbox_workers: int | None = None,
-        benchmark: Literal["mbpp", "humaneval"] = "mbpp",
-        rollout_precision: Literal["same", "int8"] = "same",
+        num_questions: Annotated[int, free(COUNT)] | None = 5,
+        every_n_steps: Annotated[int, free(COUNT_OR_ZERO)] = 20,
+        at_start: Annotated[bool, free()] = True,
+        at_end: Annotated[bool, free()] = True,
+        num_samples: Annotated[int, free(COUNT_OR_ZERO)] = 0,
+        k: Annotated[list[int], free(COUNT)] = [1],  # noqa: B006 (jsonargparse needs the literal default)
+        temperature: Annotated[float, free(TEMPERATURE)] = 0.2,
+        max_new_tokens: Annotated[int, free(COUNT)] | None = None,
+        timeout: Annotated[float, free(POSITIVE)] = 10.0,
+        batch_size: Annotated[int, free(COUNT)] | None = None,
+        sandbox_workers: Annotated[int, free(COUNT)] | None = None,
+        benchmark: Annotated[Literal["mbpp", "humaneval"], free()] = "mbpp",
+        rollout_precision: Annotated[Literal["same", "int8"], free()] = "same",
     ) -> None:
         """Score the policy on the DataModule's eval split (``data.eval_split``).
 
@@ -88,8 +89,7 @@ class MBPPEval(L.Callback):
         """
         if benchmark not in BENCHMARKS:
             raise ValueError(f"eval.benchmark must be one of {', '.join(BENCHMARKS)}, got {benchmark!r}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"eval.batch_size must be >= 1 (or null: data.eval_batch_size), got {batch_size}")
+        check_arguments(MBPPEval, locals(), prefix="eval.")  # Python callers; the CLI checked before building
         self.num_questions = num_questions
         self.every_n_steps = every_n_steps
         self.at_start = at_start

@@ -9,11 +9,13 @@ rank zero gathers every rank's rows (each row says its ``rank``), so the file sh
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import lightning as L
 import torch
 
 from rlcode.run_dir import run_directory
+from rlcode.setting import COUNT_OR_ZERO, free
 from rlcode.training.step_record import StepRecord
 
 COLUMNS = ("step", "task_id", "prompt", "completion", "reward", "advantage", "verdict")
@@ -41,7 +43,8 @@ def sample_rows(record: StepRecord, count: int) -> list[dict]:
 
 
 class RolloutLogging(L.Callback):
-    def __init__(self, every_n_steps: int = 1, samples_per_step: int = 4) -> None:
+    def __init__(self, every_n_steps: Annotated[int, free(COUNT_OR_ZERO)] = 1,
+                 samples_per_step: Annotated[int, free(COUNT_OR_ZERO)] = 4) -> None:
         """Write sampled completions to ``rollouts.jsonl`` (and a W&B table when W&B logs).
 
         Args:

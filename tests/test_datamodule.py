@@ -132,5 +132,5 @@ def test_eval_batches_have_their_own_size_not_the_training_steps():
     # Shortest prompts first: a batch of similar lengths is padded little.
     lengths = [len(prompt[0]["content"]) for b in batches for prompt in b["prompt"]]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
-    with pytest.raises(ValueError, match="eval_batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="data.eval_batch_size=0 is out of range"):
         MBPPDataModule(source=MBPP_PATH, eval_batch_size=0)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from rlcode.cli.command import main
-from rlcode.cli.ranges import RANGES, Range
+from rlcode.setting import Range, ranges_of
+from rlcode.training.learner import Learner
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml")]
@@ -70,6 +71,7 @@ def test_a_negative_number_without_equals_sign_says_to_write_it_with_one(tmp_pat
 
 
 def test_the_ranges_say_what_they_allow():
-    assert RANGES["model.epsilon_low"].describe() == "a number in [0, 1)"
+    ranges = ranges_of(Learner, "model")
+    assert ranges["model.epsilon_low"].describe() == "a number in [0, 1)"
     assert Range(1, integer=True, also=(-1,)).allows(-1) and not Range(1).allows(0.5)
-    assert not RANGES["model.learning_rate"].allows(float("nan"))
+    assert not ranges["model.learning_rate"].allows(float("nan"))

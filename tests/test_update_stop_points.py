@@ -31,7 +31,7 @@ def _update(give_up, steps: list, num_iterations: int = 2, count_range=lambda co
                          world_size=1, give_up=give_up, count_range=count_range)
     settings = UpdateSettings(loss_type="dapo", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
                               importance_sampling_level="token", num_iterations=num_iterations, micro_batch_size=1,
-                              share_prefix=False, temperature=1.0, max_completion_length=3)
+                              share_prefix=False, temperature=1.0, max_new_tokens=3)
     update_policy(policy, hooks, settings, rollout, loss_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), None,
                   torch.arange(ROWS), LossTotals.of(loss_mask))
     return policy

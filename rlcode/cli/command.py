@@ -3,7 +3,7 @@
 The config surface is the typed ``__init__`` of each class: ``model:`` is ``rlcode.training.learner.Learner``
 (the settings every mode reads), ``model.mode:`` the training mode (``class_path: rlcode.modes.SPIRAL`` and
 its ``init_args``; GRPO when a config names none), ``data:`` is ``rlcode.data.datamodule.MBPPDataModule``, ``eval:`` / ``rollout_log:`` / ``checkpoint:``
-are callbacks, ``run:`` is ``RunSettings`` below, ``trainer:`` is Lightning's. Several ``--config``
+are callbacks, ``run:`` is ``RunSettings`` (``rlcode.cli.sections``), ``trainer:`` is Lightning's. Several ``--config``
 files overlay left to right; ``--print_config`` shows the merged result.
 
 Run directory: ``<run.root_dir>/<run.experiment>/version_<n>/`` holds run.json (the run id, which is
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 # Before torch loads (lightning imports it): OpenMP threads that spin while they wait turn a shared
 # CPU into a crawl. Measured on 2 busy cores: a SmolLM2 decoding step took 1.56 s with 2 spinning
@@ -38,10 +38,15 @@ from jsonargparse import ArgumentError  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
-from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
-                              StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
+from rlcode.callbacks import (GracefulShutdown, RunSummary, StepMetrics, StepProgressBar,  # noqa: E402
+                              TrainingPlots)
 from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
-from rlcode.cli import errors as cli_errors, help as cli_help, old_form as cli_old_form, prechecks as cli_prechecks, resume_guard as cli_resume_guard, overlays as config_overlays  # noqa: E402
+from rlcode.cli import errors as cli_errors  # noqa: E402
+from rlcode.cli import help as cli_help  # noqa: E402
+from rlcode.cli import old_form as cli_old_form  # noqa: E402
+from rlcode.cli import overlays as config_overlays  # noqa: E402
+from rlcode.cli import prechecks as cli_prechecks  # noqa: E402
+from rlcode.cli import resume_guard as cli_resume_guard  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -65,41 +70,12 @@ from rlcode.models.loading import ModelNotFound  # noqa: E402
 from rlcode.run_dir.quiet_output import load_checkpoints_weights_only, quiet_library_noise  # noqa: E402
 from rlcode.rollout.openai.client import ServedModelError  # noqa: E402
 from rlcode.sandbox.isolation import IsolationUnavailable  # noqa: E402
+from rlcode.cli.sections import CALLBACK_SECTIONS, RunSettings  # noqa: E402
 
 # Missing data, model, sandbox layer or served model, or a setting found wrong when the run starts:
 # the user's set-up, not a bug, so one line instead of a traceback.
 _SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, IsolationUnavailable, ServedModelError,
                  SettingError)
-
-WandbMode = Literal["online", "offline", "disabled"]
-
-
-class RunSettings:
-    def __init__(self, experiment: str = "rlcode", root_dir: str = "runs", wandb: WandbMode | None = None,
-                 wandb_project: str = "rlcode", cpu_threads: int | None = None,
-                 platform_profile: bool | str = True) -> None:
-        """Where the run's files go and which loggers write them.
-
-        Args:
-            experiment: name of the run's folder under ``root_dir`` (and of the W&B run group).
-            root_dir: parent folder of all experiments.
-            wandb: "online", "offline" or "disabled"; None reads ``WANDB_MODE`` (unset: disabled).
-                Online without a reachable server or an API key falls back to offline.
-            wandb_project: W&B project name.
-            cpu_threads: torch's CPU threads (None: one per core). On a CPU shared with other jobs,
-                1 can be several times faster than 2.
-            platform_profile: on a GPU, the detected kind's micro-batch, recomputation, eval
-                batch and size and vLLM share fill the keys no config sets (docs/configs.md, "Platform profiles").
-                A GPU kind instead (v100, a100, h100, with xN for N GPUs: h100x4) applies that GPU's
-                profile and precision wherever it runs: with --print_config, a preview from a login node.
-        """
-        self.experiment = experiment
-        self.root_dir = root_dir
-        self.wandb = wandb
-        self.wandb_project = wandb_project
-        self.cpu_threads = cpu_threads
-        self.platform_profile = platform_profile
-
 
 class RLCodeCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
@@ -118,8 +94,7 @@ class RLCodeCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         # Parse errors are raised, not printed with the whole usage: parse_arguments shortens them.
         # No abbreviations: `--model.temp 0.5` had set the temperature, while the same key in YAML is refused.
-        return super().init_parser(**{"exit_on_error": False, "formatter_class": cli_help.HelpFormatter,
-                                      "allow_abbrev": False, **kwargs})
+        return super().init_parser(**{"exit_on_error": False, "allow_abbrev": False, **kwargs})
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
                      subparser_kwargs: dict[str, Any]) -> None:
@@ -140,10 +115,8 @@ class RLCodeCLI(LightningCLI):
         # prompts, or games); configs that name neither get GRPO on MBPP.
         parser.set_defaults({"model.mode": {"class_path": cli_help.DEFAULT_MODE},
                              "data": {"class_path": "rlcode.data.datamodule.MBPPDataModule"}})
-        parser.add_lightning_class_args(MBPPEval, "eval")
-        parser.add_lightning_class_args(GameEval, "game_eval")
-        parser.add_lightning_class_args(RolloutLogging, "rollout_log")
-        parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
+        for section, callback in CALLBACK_SECTIONS.items():
+            parser.add_lightning_class_args(callback, section)
         # One precision knob: the trainer's decides the dtype the model's weights load in.
         parser.link_arguments("trainer.precision", "model.precision", compute_fn=_weight_precision)
         cli_help.retitle_groups(parser)
@@ -350,6 +323,7 @@ def main(args: list[str] | None = None) -> None:
             Learner,  # its mode (model.mode) is GRPO by default
             L.LightningDataModule,  # MBPPDataModule by default; GameDataModule for SPIRAL
             subclass_mode_model=False,
+            parser_class=cli_help.RLCodeParser,  # rlcode's help formatter, in the modes' help too
             subclass_mode_data=True,
             args=args,
             save_config_callback=_SaveConfig,

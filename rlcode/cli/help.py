@@ -13,6 +13,10 @@ import argparse
 from dataclasses import dataclass
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.cli import LightningArgumentParser
+
+from rlcode.cli.sections import SECTIONS
+from rlcode.setting import settings_by_key
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,25 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
     def _get_help_string(self, action) -> str:
         if action.dest == "trainer.strategy":
             return STRATEGY_HELP
-        return super()._get_help_string(action)
+        text = super()._get_help_string(action)
+        setting = SETTINGS.get(action.dest.replace(".init_args.", "."))
+        if setting is None or not text.endswith(")"):
+            return text
+        allowed = f"allowed: {setting.range.describe()}, " if setting.range is not None else ""
+        return f"{text[:-1]}, {allowed}{'fixed' if setting.on_resume == 'fixed' else 'may change'} on resume)"
 
+
+class RLCodeParser(LightningArgumentParser):
+    """Lightning's parser with rlcode's formatter in every help, ``--model.mode.help SPIRAL`` too
+    (jsonargparse builds that one as a fresh ``type(parser)()``, which would take its own formatter)."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+# Each setting's range and resume rule, from its annotation (rlcode.setting), by its dotted key.
+SETTINGS = {key: setting for section, classes in SECTIONS.items() for cls in classes
+            for key, setting in settings_by_key(cls, section).items()}
 
 STRATEGY_HELP = ("ddp (Lightning's DDPStrategy) or fsdp (rlcode's FSDP2), with --trainer.devices N; unset, rlcode "
                  "picks per GPU. Nothing else runs (DeepSpeed, XLA and Lightning's FSDP1 are refused)")

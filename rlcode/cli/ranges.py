@@ -1,140 +1,52 @@
-"""The allowed range of every numeric setting a user can get wrong, checked on the parsed config
-before anything is built (no model, no trainer, no run directory).
+"""The allowed range of every numeric setting, checked on the parsed config before anything is built
+(no model, no trainer, no run directory).
 
 A negative learning rate or ``max_new_tokens: 0`` otherwise surfaces deep inside a step or an eval,
-as a traceback after minutes, with a partial run directory left behind. One table here, checked in
-one pass by ``rlcode.cli.prechecks``: ``rlcode: model.learning_rate=-1e-05 is out of range: use a
-number > 0 (on the command line)``. Keys are written as on the command line (``model.mode.X`` for a
-mode's settings, ``data.X`` for the DataModule's); a key a config's classes do not have is skipped,
-and so is a value of None (the documented "off" or "default" of the optional ones).
+as a traceback after minutes, with a partial run directory left behind. The ranges are the settings'
+own annotations (``rlcode.setting``) on the classes of the config's sections
+(``rlcode.cli.sections``), so a key is checked exactly when the class has that setting:
+``rlcode: model.learning_rate=-1e-05 is out of range: use a number > 0 (on the command line)``.
+A value of None (the documented "off" or "default" of the optional ones) is not checked.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from rlcode.cli.errors import UserError, locate
+from rlcode.cli.sections import SECTIONS
+from rlcode.setting import Range, ranges_of
+
+# Lightning's own settings that rlcode's runs depend on (Lightning's signature carries no ranges).
+LIGHTNING_RANGES = {"trainer.max_steps": Range(1, integer=True, also=(-1,), also_meaning="no limit")}
 
 
-@dataclass(frozen=True)
-class Range:
-    """Numbers from ``low`` to ``high`` (None: unbounded), each end included unless ``*_open``,
-    plus the special values in ``also`` (e.g. -1: no limit)."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    integer: bool = False
-    also: tuple = ()
-    also_meaning: str = ""
-
-    def allows(self, value) -> bool:
-        if value in self.also:
-            return True
-        if isinstance(value, float) and math.isnan(value):
-            return False
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def describe(self) -> str:
-        kind = "an integer" if self.integer else "a number"
-        if self.low is not None and self.high is not None:
-            text = f"{kind} in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}" \
-                   f"{')' if self.high_open else ']'}"
-        elif self.low is not None:
-            text = f"{kind} {'>' if self.low_open else '>='} {_num(self.low)}"
-        else:
-            text = f"{kind} {'<' if self.high_open else '<='} {_num(self.high)}"
-        extra = ", ".join(str(v) for v in self.also)
-        return f"{text}, or {extra}{f' ({self.also_meaning})' if self.also_meaning else ''}" if extra else text
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-POSITIVE = Range(0, low_open=True)
-NON_NEGATIVE = Range(0)
-COUNT = Range(1, integer=True)  # a number of things that must exist: at least one
-COUNT_OR_ZERO = Range(0, integer=True)  # 0 documented as "off" / "only at start and end"
-PROBABILITY = Range(0, 1)
-SEED = Range(0, integer=True)  # numpy's generators refuse negative seeds
-
-RANGES: dict[str, Range] = {
-    # The Learner: sampling, loss and update.
-    "model.learning_rate": POSITIVE,
-    "model.weight_decay": NON_NEGATIVE,
-    "model.max_new_tokens": COUNT,
-    "model.temperature": POSITIVE,  # it also divides the logits that score the tokens: 0 cannot train
-    "model.top_p": Range(0, 1, low_open=True),
-    "model.top_k": COUNT_OR_ZERO,
-    "model.generation_seed": SEED,
-    "model.beta": NON_NEGATIVE,
-    "model.epsilon_low": Range(0, 1, high_open=True),  # the ratio's lower clip is 1 - epsilon_low
-    "model.epsilon_high": NON_NEGATIVE,
-    "model.num_iterations": COUNT,
-    "model.micro_batch_size": COUNT,
-    "model.micro_batch_tokens": COUNT,
-    "model.max_grad_norm": POSITIVE,
-    "model.lora.r": COUNT,
-    "model.lora.alpha": COUNT,
-    "model.lora.dropout": Range(0, 1, high_open=True),
-    # The modes' settings.
-    "model.mode.num_generations": COUNT,
-    "model.mode.reward_timeout": POSITIVE,
-    "model.mode.program_timeout": POSITIVE,
-    "model.mode.max_attempts": COUNT,
-    "model.mode.attempt_discount": PROBABILITY,
-    "model.mode.max_turns": COUNT,
-    "model.mode.predictions_per_program": COUNT,
-    "model.mode.rae_decay": PROBABILITY,
-    "model.mode.eval_temperature": NON_NEGATIVE,  # 0: greedy
-    "model.mode.opponent_temperature": NON_NEGATIVE,  # 0: greedy
-    "model.mode.opponent_max_new_tokens": COUNT,
-    "model.mode.sandbox.workers": COUNT,
-    "model.mode.dynamic_sampling.max_extra_rounds": COUNT,
-    # The DataModules.
-    "data.num_train_tasks": COUNT,
-    "data.prompts_per_step": COUNT,
-    "data.num_eval_tasks": COUNT,
-    "data.eval_batch_size": COUNT,
-    "data.seed": SEED,
-    "data.episodes_per_step": COUNT,
-    "data.eval_episodes": COUNT,
-    "data.eval_seed": SEED,
-    # Evaluation, logging and checkpoints during fit.
-    "eval.num_questions": COUNT,
-    "eval.every_n_steps": COUNT_OR_ZERO,
-    "eval.num_samples": COUNT_OR_ZERO,
-    "eval.k": COUNT,
-    "eval.temperature": NON_NEGATIVE,
-    "eval.max_new_tokens": COUNT,
-    "eval.timeout": POSITIVE,
-    "eval.batch_size": COUNT,
-    "eval.sandbox_workers": COUNT,
-    "game_eval.every_n_steps": COUNT_OR_ZERO,
-    "rollout_log.every_n_steps": COUNT_OR_ZERO,
-    "rollout_log.samples_per_step": COUNT_OR_ZERO,
-    "checkpoint.every_n_train_steps": COUNT_OR_ZERO,
-    "checkpoint.keep": Range(1, integer=True, also=(-1,), also_meaning="all"),
-    # The trainer and the run.
-    "trainer.max_steps": Range(1, integer=True, also=(-1,), also_meaning="no limit"),
-    "run.cpu_threads": COUNT,
-}
+def ranges_for(config) -> dict[str, Range]:
+    """Every numeric setting of the config's classes (the mode and data class it names), by key."""
+    found = dict(LIGHTNING_RANGES)
+    for section, classes in SECTIONS.items():
+        chosen = _chosen_class(classes, value_at(config, section))
+        if chosen is not None:
+            found.update(ranges_of(chosen, section))
+    return found
 
 
 def check_ranges(config, argv: list[str]) -> None:
-    """Raise a one-line ``UserError`` for the first setting of ``RANGES`` outside its range."""
-    for key, allowed in RANGES.items():
+    """Raise a one-line ``UserError`` for the first setting outside its range."""
+    for key, allowed in ranges_for(config).items():
         value = value_at(config, key)
         values = value if isinstance(value, (list, tuple)) else [value]  # eval.k: each one
         for item in values:
             if isinstance(item, (int, float)) and not isinstance(item, bool) and not allowed.allows(item):
                 where = locate(key.split("."), argv) or "in a config"
                 raise UserError(f"{key}={item!r} is out of range: use {allowed.describe()} ({where})")
+
+
+def _chosen_class(classes: tuple[type, ...], node) -> type | None:
+    """The section's class: its only one, or the one its ``class_path`` names (by class name)."""
+    if len(classes) == 1:
+        return classes[0]
+    getter = getattr(node, "get", None)
+    class_path = str((getter("class_path") if getter else None) or "")
+    return next((cls for cls in classes if cls.__name__ == class_path.rsplit(".", 1)[-1]), None)
 
 
 def value_at(config, dotted: str):
@@ -156,4 +68,3 @@ def _settings_of(node):
     if getter("class_path") is not None and getter("init_args") is not None:
         return getter("init_args")
     return node
-

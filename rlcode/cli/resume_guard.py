@@ -7,19 +7,19 @@ another (SPIRAL's games into a GRPO run, its summary mixing both), or be silentl
 optimizer's learning rate comes back from the checkpoint). Such a resume is refused before
 anything is built or trimmed, naming each difference and how to start a new run instead.
 
-What must match (``FIXED``): the mode's class and every one of its settings except ``sandbox``
-(where the code runs, not what it computes); the model (``model_name``, ``lora``,
-``quantization``); the sampling (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
-``stop``, ``generation_seed``); the loss and the update (``loss_type``, ``beta``, the epsilons,
-``importance_sampling_level``, ``num_iterations``, ``learning_rate``, ``weight_decay``, ``optimizer``,
-``max_grad_norm``, ``mask_truncated_completions``, ``disable_dropout``, ``dry_run``).
+What must match is what each setting says of itself (``fixed(...)`` in its annotation,
+``rlcode.setting``; ``rlcode fit --help`` shows "fixed on resume"): the mode's class and its fixed
+settings (all but ``sandbox``: where the code runs, not what it computes); the Learner's model
+(``model_name``, ``lora``, ``quantization``), sampling, loss and update settings.
 
-What may change on resume: everything else. ``trainer.max_steps`` (to train longer), evaluation,
-logging, checkpointing and ``run:`` settings; and the Learner's settings that change only speed or
-memory, not the update: ``precision`` (another GPU), ``gradient_checkpointing``,
-``micro_batch_size``, ``micro_batch_tokens``, ``share_prefix``, ``skip_zero_advantage_rows``, ``rollout_backend``,
-``vllm``, ``openai``. Settings a checkpoint does not record (written by an older rlcode) are not
-compared.
+What may change on resume: everything else. ``trainer.max_steps`` (to train longer), data,
+evaluation, logging, checkpointing and ``run:`` settings; and the Learner's settings that change
+only where or how fast a step runs, not what it computes: ``precision`` (another GPU),
+``gradient_checkpointing``, the micro-batch sizes, ``share_prefix``, ``skip_zero_advantage_rows``,
+and the sampler (``rollout_backend``, ``rollout_precision``, ``vllm``, ``openai``: a run may move
+between a CPU and a GPU machine; a sampler that is not the policy is corrected for by the
+importance weights either way). Settings a checkpoint does not record (written by an older rlcode)
+are not compared.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from rlcode.cli.errors import UserError
+from rlcode.cli.sections import SECTIONS
 from rlcode.run_dir.checkpoint_file import checkpoint_metadata
+from rlcode.setting import fixed_names
+from rlcode.training.learner import Learner
 
-FIXED = ("model_name", "lora", "quantization", "max_new_tokens", "temperature", "top_p", "top_k", "stop",
-         "generation_seed", "loss_type", "beta", "epsilon_low", "epsilon_high", "importance_sampling_level",
-         "num_iterations", "learning_rate", "weight_decay", "optimizer", "max_grad_norm", "mask_truncated_completions",
-         "disable_dropout", "dry_run")
-FREE_MODE_SETTINGS = ("sandbox",)
+FIXED = tuple(name for name in fixed_names(Learner) if name != "mode")  # the mode: its class, then its own
+MODE_FIXED = {mode.__name__: fixed_names(mode) for mode in SECTIONS["model.mode"]}
 SHOWN = 3  # differences named in the line; the rest are counted
 
 
@@ -81,8 +81,9 @@ def _mode_differences(saved, config) -> list[str]:
     if old != new:  # another mode: its settings are not comparable
         return [f"model.mode {new} (checkpoint: {old})"]
     old_args, new_args = saved.get("init_args") or {}, config.get("init_args") or {}
+    fixed = MODE_FIXED.get(new, tuple(old_args))  # a class rlcode does not know: every setting counts
     return [f"model.mode.{key} {new_args[key]!r} (checkpoint: {old_args[key]!r})" for key in old_args
-            if key in new_args and key not in FREE_MODE_SETTINGS and not _same(old_args[key], new_args[key])]
+            if key in new_args and key in fixed and not _same(old_args[key], new_args[key])]
 
 
 def _refusal(ckpt_path: str, found: list[str]) -> str:

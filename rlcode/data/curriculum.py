@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Annotated
+
+from rlcode.setting import ANY_NUMBER, COUNT, FRACTION_BELOW_ONE, PROBABILITY, check_arguments, field_of
 
 BUCKETS = ("learnable", "unseen", "stale", "too_hard", "solved")
 
@@ -44,18 +47,13 @@ class CurriculumSettings:
             (1.0: every test passed under ``mbpp_tests``).
     """
 
-    explore_share: float = 0.25
-    decay: float = 0.5
-    stale_after: int = 50
-    success_threshold: float = 1.0
+    explore_share: Annotated[float, field_of(PROBABILITY)] = 0.25
+    decay: Annotated[float, field_of(FRACTION_BELOW_ONE)] = 0.5
+    stale_after: Annotated[int, field_of(COUNT)] = 50
+    success_threshold: Annotated[float, field_of(ANY_NUMBER)] = 1.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.explore_share <= 1.0:
-            raise ValueError(f"data.curriculum.explore_share must be in [0, 1], got {self.explore_share}")
-        if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"data.curriculum.decay must be in [0, 1), got {self.decay}")
-        if self.stale_after < 1:
-            raise ValueError(f"data.curriculum.stale_after must be >= 1, got {self.stale_after}")
+        check_arguments(CurriculumSettings, vars(self), prefix="data.curriculum.")
 
 
 class Curriculum:

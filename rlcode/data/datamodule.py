@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from typing import Any, Collection, Iterator
+from typing import Annotated, Any, Collection, Iterator
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
@@ -34,6 +34,7 @@ from rlcode.data.humaneval import load_humaneval
 from rlcode.data.mbpp import ENV_VAR, HUB_ID, MBPPTask, load_mbpp
 from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt, length_order
 from rlcode.platform import default_eval_batch_size
+from rlcode.setting import COUNT, SEED, check_arguments, free
 
 PromptBatch = dict[str, list]  # column name -> one value per prompt (TRL's dataset-column layout)
 
@@ -78,16 +79,16 @@ class PromptStream(IterableDataset):
 class MBPPDataModule(L.LightningDataModule):
     def __init__(
         self,
-        source: str | None = None,
-        train_split: str = "train",
-        eval_split: str = "validation",
-        num_train_tasks: int | None = None,
-        prompts_per_step: int = 4,
-        prompt_format: PromptFormat = "chat",
-        seed: int = 0,
-        num_eval_tasks: int | None = None,
-        eval_batch_size: int | None = None,
-        curriculum: CurriculumSettings | None = None,
+        source: Annotated[str, free()] | None = None,
+        train_split: Annotated[str, free()] = "train",
+        eval_split: Annotated[str, free()] = "validation",
+        num_train_tasks: Annotated[int, free(COUNT)] | None = None,
+        prompts_per_step: Annotated[int, free(COUNT)] = 4,
+        prompt_format: Annotated[PromptFormat, free()] = "chat",
+        seed: Annotated[int, free(SEED)] = 0,
+        num_eval_tasks: Annotated[int, free(COUNT)] | None = None,
+        eval_batch_size: Annotated[int, free(COUNT)] | None = None,
+        curriculum: Annotated[CurriculumSettings, free()] | None = None,
     ) -> None:
         """MBPP prompts for training and tasks for evaluation.
 
@@ -115,10 +116,7 @@ class MBPPDataModule(L.LightningDataModule):
         super().__init__()
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt_format {prompt_format!r}: use one of {', '.join(PROMPT_FORMATS)}")
-        if prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        if eval_batch_size is not None and eval_batch_size < 1:
-            raise ValueError(f"data.eval_batch_size must be >= 1 (or null: sized for the device), got {eval_batch_size}")
+        check_arguments(MBPPDataModule, locals(), prefix="data.")  # Python callers; the CLI checked before building
         self.source = source or os.environ.get(ENV_VAR) or HUB_ID
         self.train_split = train_split
         self.eval_split = eval_split

@@ -12,17 +12,21 @@ games with the policy in seat 0 and as many in seat 1, against a random legal mo
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
+
+from rlcode.setting import COUNT, NON_NEGATIVE, SEED, check_arguments, free
 
 GameBatch = dict[str, list]  # "game", "seed" (and "seat" in evaluation): one entry per episode
 
 
 class GameDataModule(L.LightningDataModule):
-    def __init__(self, games: list[str] = ["TicTacToe-v0"], weights: list[float] | None = None,  # noqa: B006
-                 episodes_per_step: int = 8, seed: int = 0, eval_episodes: int = 8, eval_seed: int = 10_000) -> None:
+    def __init__(self, games: Annotated[list[str], free()] = ["TicTacToe-v0"],  # noqa: B006
+                 weights: Annotated[list[float], free(NON_NEGATIVE)] | None = None,
+                 episodes_per_step: Annotated[int, free(COUNT)] = 8, seed: Annotated[int, free(SEED)] = 0,
+                 eval_episodes: Annotated[int, free(COUNT)] = 8, eval_seed: Annotated[int, free(SEED)] = 10_000) -> None:
         """Games for self-play training and evaluation.
 
         Args:
@@ -34,12 +38,11 @@ class GameDataModule(L.LightningDataModule):
             eval_seed: first deal of the evaluation games (the same deals at every evaluation).
         """
         super().__init__()
+        check_arguments(GameDataModule, locals(), prefix="data.")  # Python callers; the CLI checked before building
         if not games:
             raise ValueError("data.games is empty: name at least one TextArena game, e.g. TicTacToe-v0")
         if weights is not None and (len(weights) != len(games) or min(weights) < 0 or sum(weights) <= 0):
             raise ValueError(f"data.weights must give one non-negative weight per game ({len(games)}), not all 0")
-        if episodes_per_step < 1:
-            raise ValueError(f"data.episodes_per_step must be >= 1, got {episodes_per_step}")
         self.games = list(games)
         self.weights = list(weights) if weights is not None else [1.0] * len(games)
         self.episodes_per_step = episodes_per_step

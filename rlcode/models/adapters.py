@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Literal
+from typing import Annotated, Any, ContextManager, Literal
+
+from rlcode.setting import COUNT, FRACTION_BELOW_ONE, field_of
 
 Quantization = Literal["4bit", "8bit"]
 
@@ -27,9 +29,9 @@ class LoraSettings:
             output head.
     """
 
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    r: Annotated[int, field_of(COUNT)] = 16
+    alpha: Annotated[int, field_of(COUNT)] = 32
+    dropout: Annotated[float, field_of(FRACTION_BELOW_ONE)] = 0.0
     target_modules: str | Sequence[str] = "all-linear"
     extra: dict[str, Any] = field(default_factory=dict)
 

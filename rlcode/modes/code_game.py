@@ -19,7 +19,7 @@ served model those of ``opponent_tokenizer`` when named, else bytes (its tokeniz
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from rlcode.algorithms.advantages import RewardScaling
 from rlcode.envs.code_game import CodeGameEnv
@@ -31,6 +31,7 @@ from rlcode.modes.lazy_pool import LazyPool
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import Opponents, OpponentSampling, play_episodes
 from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.setting import ANY_NUMBER, COUNT, POSITIVE, TEMPERATURE, check_arguments, fixed, free
 from rlcode.training.advantage_estimators import GroupRelativePerRole
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
 from rlcode.training.run_context import SandboxSettings
@@ -45,13 +46,20 @@ EVAL_TIMEOUT = 10.0  # seconds per program in rlcode validate / test (MBPP solut
 
 
 class CodeGame(Mode):
-    def __init__(self, opponent: Literal["self", "frozen", "served", "model"] = "self",
-                 invalid_program_penalty: float = -1.0, program_timeout: float = 5.0,
-                 opponent_server: OpenAISettings | None = None, num_generations: int = 8,
-                 scale_rewards: RewardScaling = "group", sandbox: SandboxSettings | None = None,
-                 writer_reward: WriterReward = "zero_sum", predictions_per_program: int = 1,
-                 opponent_model: str | None = None, opponent_temperature: float | None = None,
-                 opponent_max_new_tokens: int | None = None, opponent_tokenizer: str | None = None) -> None:
+    def __init__(self,
+                 opponent: Annotated[Literal["self", "frozen", "served", "model"], fixed()] = "self",
+                 invalid_program_penalty: Annotated[float, fixed(ANY_NUMBER)] = -1.0,
+                 program_timeout: Annotated[float, fixed(POSITIVE)] = 5.0,
+                 opponent_server: Annotated[OpenAISettings, fixed()] | None = None,
+                 num_generations: Annotated[int, fixed(COUNT)] = 8,
+                 scale_rewards: Annotated[RewardScaling, fixed()] = "group",
+                 sandbox: Annotated[SandboxSettings, free()] | None = None,
+                 writer_reward: Annotated[WriterReward, fixed()] = "zero_sum",
+                 predictions_per_program: Annotated[int, fixed(COUNT)] = 1,
+                 opponent_model: Annotated[str, fixed()] | None = None,
+                 opponent_temperature: Annotated[float, fixed(TEMPERATURE)] | None = None,
+                 opponent_max_new_tokens: Annotated[int, fixed(COUNT)] | None = None,
+                 opponent_tokenizer: Annotated[str, fixed()] | None = None) -> None:
         """The writer/predictor game, ``num_generations`` games per prompt.
 
         Args:
@@ -85,6 +93,7 @@ class CodeGame(Mode):
             opponent_tokenizer: ``opponent: served``: the served model's tokenizer (a name as above),
                 so the output budget is counted in its tokens; None counts bytes.
         """
+        check_arguments(CodeGame, locals(), prefix="model.mode.")  # Python callers; the CLI checked before building
         check_groups(num_generations, scale_rewards)
         if writer_reward not in WRITER_REWARDS:
             raise SettingError(f"writer_reward={writer_reward!r} is not one of {', '.join(WRITER_REWARDS)}")

@@ -14,6 +14,7 @@ generation rounds (``rlcode.training.dynamic_sampling``).
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated
 
 from rlcode.algorithms.advantages import RewardScaling
 from rlcode.data.curriculum import success_shares
@@ -22,6 +23,7 @@ from rlcode.modes.curriculum_feed import FeedOnResult, curriculum_draw, curricul
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.rewards.factory import build_rewards
 from rlcode.rewards.mixture import RewardMixture
+from rlcode.setting import COUNT, NON_NEGATIVE, POSITIVE, check_arguments, fixed, free
 from rlcode.training.advantage_estimators import GroupRelative
 from rlcode.training.dynamic_sampling import DynamicSampling, with_signal
 from rlcode.training.experience import CompletionGroups, repeat_each
@@ -45,10 +47,14 @@ def check_mbpp_data(mode: Mode, datamodule) -> None:
 
 
 class GRPO(Mode):
-    def __init__(self, rewards: list[str] = ["execution"],  # noqa: B006 (jsonargparse needs the literal default)
-                 reward_weights: list[float] | None = None, reward_timeout: float = 10.0, num_generations: int = 8,
-                 scale_rewards: RewardScaling = "group", sandbox: SandboxSettings | None = None,
-                 dynamic_sampling: DynamicSampling | None = None) -> None:
+    def __init__(self,
+                 rewards: Annotated[list[str], fixed()] = ["execution"],  # noqa: B006 (jsonargparse needs the literal default)
+                 reward_weights: Annotated[list[float], fixed(NON_NEGATIVE)] | None = None,
+                 reward_timeout: Annotated[float, fixed(POSITIVE)] = 10.0,
+                 num_generations: Annotated[int, fixed(COUNT)] = 8,
+                 scale_rewards: Annotated[RewardScaling, fixed()] = "group",
+                 sandbox: Annotated[SandboxSettings, free()] | None = None,
+                 dynamic_sampling: Annotated[DynamicSampling, fixed()] | None = None) -> None:
         """Group Relative Policy Optimization on MBPP with reward functions.
 
         Args:
@@ -67,6 +73,7 @@ class GRPO(Mode):
                 (DAPO's dynamic sampling). Costs generation time on steps with flat groups; the
                 rewards are then awaited during the step's generation. None: off, one round.
         """
+        check_arguments(GRPO, locals(), prefix="model.mode.")  # Python callers; the CLI checked before building
         check_groups(num_generations, scale_rewards)
         self.rewards, self.reward_weights, self.reward_timeout = list(rewards), reward_weights, reward_timeout
         self.num_generations, self.scale_rewards = num_generations, scale_rewards

@@ -12,6 +12,8 @@ feeds it. ``rlcode validate`` / ``test``: the greedy single-answer pass rate, as
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rlcode.algorithms.advantages import RewardScaling
 from rlcode.envs.mbpp_feedback import HiddenTests, MBPPFeedbackEnv, RewardKind, require_challenge_tests
 from rlcode.errors import SettingError
@@ -20,6 +22,7 @@ from rlcode.modes.grpo import check_groups, check_mbpp_data
 from rlcode.modes.lazy_pool import LazyPool
 from rlcode.modes.mbpp_pass_rate import MBPPPassRate
 from rlcode.modes.opponents import play_episodes
+from rlcode.setting import COUNT, POSITIVE, PROBABILITY, check_arguments, fixed, free
 from rlcode.training.advantage_estimators import GroupRelative
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
 from rlcode.training.run_context import SandboxSettings
@@ -27,9 +30,15 @@ from rlcode.training.turn_samples import EpisodeTurns
 
 
 class MultiStepMBPP(Mode):
-    def __init__(self, max_attempts: int = 3, reward_kind: RewardKind = "binary", attempt_discount: float = 1.0,
-                 hidden_tests: HiddenTests = "none", num_generations: int = 8, scale_rewards: RewardScaling = "group",
-                 reward_timeout: float = 10.0, sandbox: SandboxSettings | None = None) -> None:
+    def __init__(self,
+                 max_attempts: Annotated[int, fixed(COUNT)] = 3,
+                 reward_kind: Annotated[RewardKind, fixed()] = "binary",
+                 attempt_discount: Annotated[float, fixed(PROBABILITY)] = 1.0,
+                 hidden_tests: Annotated[HiddenTests, fixed()] = "none",
+                 num_generations: Annotated[int, fixed(COUNT)] = 8,
+                 scale_rewards: Annotated[RewardScaling, fixed()] = "group",
+                 reward_timeout: Annotated[float, fixed(POSITIVE)] = 10.0,
+                 sandbox: Annotated[SandboxSettings, free()] | None = None) -> None:
         """Multi-attempt MBPP episodes, ``num_generations`` per problem.
 
         Args:
@@ -45,6 +54,7 @@ class MultiStepMBPP(Mode):
             reward_timeout: seconds each answer may run in the sandbox (also in validate / test).
             sandbox: how the sandbox runs the code (``SandboxSettings``); None: the defaults.
         """
+        check_arguments(MultiStepMBPP, locals(), prefix="model.mode.")  # Python callers; the CLI checked before building
         check_groups(num_generations, scale_rewards)
         self.max_attempts, self.reward_kind, self.attempt_discount = max_attempts, reward_kind, attempt_discount
         self.hidden_tests, self.num_generations, self.scale_rewards = hidden_tests, num_generations, scale_rewards

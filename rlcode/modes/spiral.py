@@ -13,22 +13,31 @@ back over the turn's tokens, which for a constant advantage is the same surrogat
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rlcode.envs.game_evaluation import outcome_rates, play_against_random
 from rlcode.envs.moves import MoveFormat
 from rlcode.envs.textarena_game import TextArenaGame
 from rlcode.errors import SettingError
 from rlcode.modes.opponents import OpponentKind, Opponents, play_episodes
 from rlcode.rollout.openai.client import OpenAISettings
+from rlcode.setting import ANY_NUMBER, COUNT, PROBABILITY, Range, TEMPERATURE, check_arguments, fixed
 from rlcode.training.advantage_estimators import RoleBaselineAdvantages
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
 from rlcode.training.turn_samples import EpisodeTurns
 
 
 class SPIRAL(Mode):
-    def __init__(self, opponent: OpponentKind = "self", trained_seat: int | None = None,
-                 move_format: MoveFormat = "boxed", max_turns: int = 50, invalid_move_penalty: float = -1.5,
-                 invalid_move_bonus: float = 0.5, rae_decay: float = 0.95, eval_temperature: float = 0.0,
-                 opponent_server: OpenAISettings | None = None) -> None:
+    def __init__(self,
+                 opponent: Annotated[OpponentKind, fixed()] = "self",
+                 trained_seat: Annotated[int, fixed(Range(0, 1, integer=True))] | None = None,
+                 move_format: Annotated[MoveFormat, fixed()] = "boxed",
+                 max_turns: Annotated[int, fixed(COUNT)] = 50,
+                 invalid_move_penalty: Annotated[float, fixed(ANY_NUMBER)] = -1.5,
+                 invalid_move_bonus: Annotated[float, fixed(ANY_NUMBER)] = 0.5,
+                 rae_decay: Annotated[float, fixed(PROBABILITY)] = 0.95,
+                 eval_temperature: Annotated[float, fixed(TEMPERATURE)] = 0.0,
+                 opponent_server: Annotated[OpenAISettings, fixed()] | None = None) -> None:
         """Self-play on TextArena games (the games come from ``data.games``: GameDataModule).
 
         Args:
@@ -46,6 +55,7 @@ class SPIRAL(Mode):
             opponent_server: the served opponent's server and model (``OpenAISettings``, api chat;
                 None: defaults and ``RLCODE_OPENAI_*``).
         """
+        check_arguments(SPIRAL, locals(), prefix="model.mode.")  # Python callers; the CLI checked before building
         if trained_seat not in (None, 0, 1):
             raise ValueError(f"trained_seat={trained_seat}: two-player games have seats 0 and 1 (None: alternate)")
         self.opponent, self.trained_seat, self.move_format = opponent, trained_seat, move_format

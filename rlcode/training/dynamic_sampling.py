@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
@@ -31,6 +32,7 @@ from rlcode.algorithms.advantages import zero_std_group_mask
 from rlcode.rewards.base import row_metrics
 from rlcode.rewards.mixture import RewardOutcome
 from rlcode.rollout.assembly import batch_from_token_lists
+from rlcode.setting import COUNT, check_arguments, field_of
 from rlcode.training.experience import CompletionGroups
 
 
@@ -43,12 +45,10 @@ class DynamicSampling:
             count); a step with too few groups with signal after them trains on what it has.
     """
 
-    max_extra_rounds: int = 3
+    max_extra_rounds: Annotated[int, field_of(COUNT)] = 3  # to turn it off, leave dynamic_sampling unset
 
     def __post_init__(self) -> None:
-        if self.max_extra_rounds < 1:
-            raise ValueError(f"dynamic_sampling.max_extra_rounds must be >= 1, got {self.max_extra_rounds} "
-                             "(to turn dynamic sampling off, leave dynamic_sampling unset)")
+        check_arguments(DynamicSampling, vars(self), prefix="model.mode.dynamic_sampling.")
 
 
 def with_signal(first: CompletionGroups, more: Callable[[int], CompletionGroups], settings: DynamicSampling,

@@ -26,7 +26,7 @@ policy (and the reference, and any frozen copy a mode takes) after loading it
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import lightning as L
 import torch
@@ -42,6 +42,8 @@ from rlcode.rollout.openai.client import OpenAISettings, ServedModelError
 from rlcode.rollout.quantized_sampler import precision_refusal
 from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
+from rlcode.setting import (COUNT, COUNT_OR_ZERO, FRACTION_BELOW_ONE, NON_NEGATIVE, POSITIVE, SEED, Range,
+                            check_arguments, fixed, free)
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
 from rlcode.training.device_memory import peak_memory_gib, reset_peak_memory
 from rlcode.training.fsdp_strategy import sharding_refusal
@@ -66,39 +68,39 @@ if TYPE_CHECKING:
 class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningModule):
     def __init__(
         self,
-        mode: Mode,
-        model_name: str = "smollm2-135m-instruct",
-        precision: str = "32-true",
-        gradient_checkpointing: bool = False,
-        lora: LoraSettings | None = None,
-        quantization: Quantization | None = None,
-        disable_dropout: bool = True,
-        max_new_tokens: int = 256,
-        temperature: float = 0.7,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        stop: list[str] | None = None,
-        generation_seed: int = 0,
-        rollout_backend: Literal["hf", "vllm", "openai"] = "hf",
-        rollout_precision: Literal["same", "int8"] = "same",
-        vllm: VLLMSettings | None = None,
-        openai: OpenAISettings | None = None,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        optimizer: OptimizerName = "adamw",
-        loss_type: LossType = "dapo",
-        beta: float = 0.0,
-        epsilon_low: float = 0.2,
-        epsilon_high: float = 0.2,
-        importance_sampling_level: ImportanceSamplingLevel = "token",
-        num_iterations: int = 1,
-        micro_batch_size: int = 8,
-        micro_batch_tokens: int | None = None,
-        share_prefix: bool = True,
-        skip_zero_advantage_rows: bool = False,
-        mask_truncated_completions: bool = False,
-        max_grad_norm: float | None = 1.0,
-        dry_run: bool = False,
+        mode: Annotated[Mode, fixed()],
+        model_name: Annotated[str, fixed()] = "smollm2-135m-instruct",
+        precision: Annotated[str, free()] = "32-true",
+        gradient_checkpointing: Annotated[bool, free()] = False,
+        lora: Annotated[LoraSettings, fixed()] | None = None,
+        quantization: Annotated[Quantization, fixed()] | None = None,
+        disable_dropout: Annotated[bool, fixed()] = True,
+        max_new_tokens: Annotated[int, fixed(COUNT)] = 256,
+        temperature: Annotated[float, fixed(POSITIVE)] = 0.7,
+        top_p: Annotated[float, fixed(Range(0, 1, low_open=True))] = 1.0,
+        top_k: Annotated[int, fixed(COUNT_OR_ZERO)] = 0,
+        stop: Annotated[list[str], fixed()] | None = None,
+        generation_seed: Annotated[int, fixed(SEED)] = 0,
+        rollout_backend: Annotated[Literal["hf", "vllm", "openai"], free()] = "hf",
+        rollout_precision: Annotated[Literal["same", "int8"], free()] = "same",
+        vllm: Annotated[VLLMSettings, free()] | None = None,
+        openai: Annotated[OpenAISettings, free()] | None = None,
+        learning_rate: Annotated[float, fixed(POSITIVE)] = 1e-6,
+        weight_decay: Annotated[float, fixed(NON_NEGATIVE)] = 0.0,
+        optimizer: Annotated[OptimizerName, fixed()] = "adamw",
+        loss_type: Annotated[LossType, fixed()] = "dapo",
+        beta: Annotated[float, fixed(NON_NEGATIVE)] = 0.0,
+        epsilon_low: Annotated[float, fixed(FRACTION_BELOW_ONE)] = 0.2,
+        epsilon_high: Annotated[float, fixed(NON_NEGATIVE)] = 0.2,
+        importance_sampling_level: Annotated[ImportanceSamplingLevel, fixed()] = "token",
+        num_iterations: Annotated[int, fixed(COUNT)] = 1,
+        micro_batch_size: Annotated[int, free(COUNT)] = 8,
+        micro_batch_tokens: Annotated[int, free(COUNT)] | None = None,
+        share_prefix: Annotated[bool, free()] = True,
+        skip_zero_advantage_rows: Annotated[bool, free()] = False,
+        mask_truncated_completions: Annotated[bool, fixed()] = False,
+        max_grad_norm: Annotated[float, fixed(POSITIVE)] | None = 1.0,
+        dry_run: Annotated[bool, fixed()] = False,
     ) -> None:
         """The policy and its update, for any training mode.
 
@@ -169,8 +171,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         refusal = precision_refusal(rollout_precision, rollout_backend, quantization)
         if refusal is not None:
             raise ValueError(refusal)
-        if num_iterations < 1 or micro_batch_size < 1 or (micro_batch_tokens is not None and micro_batch_tokens < 1):
-            raise ValueError("num_iterations, micro_batch_size and micro_batch_tokens must be >= 1")
+        check_arguments(Learner, locals(), prefix="model.")  # Python callers; the CLI checked before building
         self.save_hyperparameters(ignore=["mode"])
         self.hparams["mode"] = mode.config()  # plain data: checkpoints name the mode and its settings
         self.mode = mode
@@ -318,12 +319,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
 
     def _update(self, rollout: RolloutBatch, loss_mask, advantages, ref_logps, rows, totals) -> dict[str, float]:
         hp, optimizer, ranks = self.hparams, self.optimizers(), self.ranks()
-        settings = UpdateSettings(
-            loss_type=hp.loss_type, beta=hp.beta, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
-            importance_sampling_level=hp.importance_sampling_level, num_iterations=hp.num_iterations,
-            micro_batch_size=hp.micro_batch_size, micro_batch_tokens=hp.micro_batch_tokens,
-            share_prefix=hp.share_prefix, temperature=hp.temperature, max_completion_length=hp.max_new_tokens,
-            importance_sampling_cap=getattr(self.backend, "importance_sampling_cap", None))
+        settings = UpdateSettings.from_learner(hp, getattr(self.backend, "importance_sampling_cap", None))
         hooks = TrainerHooks(backward=self.manual_backward, no_sync=lambda: no_gradient_sync(self.trainer.strategy),
                              step=lambda counted: update(optimizer, counted=counted),
                              world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),

@@ -16,7 +16,7 @@ sharded after every micro-batch: no rank holds the whole model or a whole gradie
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """The loss and its micro-batching (the Learner's settings of the same names)."""
+    """The loss and its micro-batching: the Learner's settings of the same names (``from_learner``),
+    which carry their defaults, ranges and help."""
 
     loss_type: LossType
     beta: float
@@ -45,11 +46,17 @@ class UpdateSettings:
     micro_batch_size: int
     share_prefix: bool
     temperature: float
-    max_completion_length: int
+    max_new_tokens: int
     importance_sampling_cap: float | None = None
     """A sampler that is not the policy (vLLM, the int8 copy): TRL's cap of the truncated importance weights."""
     micro_batch_tokens: int | None = None
     """A micro-batch's token budget beside its ``micro_batch_size`` rows (``rlcode.training.micro_batches``)."""
+
+    @classmethod
+    def from_learner(cls, settings, importance_sampling_cap: float | None) -> UpdateSettings:
+        """The fields from the Learner's settings (``hparams``) by name; the cap is the sampler's."""
+        names = [field.name for field in fields(cls) if field.name != "importance_sampling_cap"]
+        return cls(**{name: settings[name] for name in names}, importance_sampling_cap=importance_sampling_cap)
 
 
 @dataclass(frozen=True)
@@ -133,7 +140,7 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
                 None if ref_logps is None else ref_logps[index],
                 loss_type=hp.loss_type, epsilon_low=hp.epsilon_low, epsilon_high=hp.epsilon_high,
                 beta=hp.beta, importance_sampling_level=hp.importance_sampling_level,
-                max_completion_length=hp.max_completion_length, totals=totals)
+                max_completion_length=hp.max_new_tokens, totals=totals)
             last = position == len(micro_batches) - 1
             scale = hooks.world_size if contributes else 0.0  # 0: join the sync, move nothing
             with nullcontext() if last else hooks.no_sync():

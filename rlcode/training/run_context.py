@@ -7,19 +7,22 @@ settings and the attached trainer, if any.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from dataclasses import dataclass
 
 from rlcode.data.prompts import STOP_SEQUENCES
 from rlcode.platform import default_sandbox_workers
 from rlcode.rollout import SamplingParams
 from rlcode.sandbox import SandboxPool
+from rlcode.setting import COUNT, field_of
 
 
 @dataclass(frozen=True)
 class SandboxSettings:
     """How a mode that runs code runs it (``model.mode.init_args.sandbox``)."""
 
-    workers: int | None = None
+    workers: Annotated[int, field_of(COUNT)] | None = None
     """Sandbox worker processes (None: the CPU cores shared among the node's ranks)."""
     allow_visible_filesystem: bool = False
     """Score untrusted code even where no isolation layer hides your files from it (no bubblewrap,

@@ -25,7 +25,9 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
+
+from rlcode.setting import COUNT, COUNT_OR_ZERO, IMPORTANCE_CAP, NON_NEGATIVE, POSITIVE, check_arguments, field_of
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `vllm serve`'s default port
 BASE_URL_VARIABLES = ("RLCODE_OPENAI_BASE_URL", "OPENAI_BASE_URL")
@@ -73,26 +75,21 @@ class OpenAISettings:
     base_url: str | None = None
     model: str | None = None
     api: Api = "chat"
-    max_concurrency: int = 8
-    timeout: float = 120.0
-    max_retries: int = 3
-    backoff: float = 0.5
+    max_concurrency: Annotated[int, field_of(COUNT)] = 8
+    timeout: Annotated[float, field_of(POSITIVE)] = 120.0
+    max_retries: Annotated[int, field_of(COUNT_OR_ZERO)] = 3
+    backoff: Annotated[float, field_of(NON_NEGATIVE)] = 0.5
     logprobs: bool = True
     token_ids: bool = False
-    importance_sampling_cap: float = 3.0
+    importance_sampling_cap: Annotated[float, field_of(IMPORTANCE_CAP)] = 3.0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.api not in ("chat", "completions"):
             raise ValueError(f"openai api={self.api!r} is unknown: use 'chat' or 'completions'")
-        if self.max_concurrency < 1 or self.max_retries < 0:
-            raise ValueError("openai max_concurrency must be >= 1 and max_retries >= 0")
-        if self.timeout <= 0 or self.backoff < 0:
-            raise ValueError("openai timeout must be positive and backoff non-negative (seconds)")
+        check_arguments(OpenAISettings, vars(self), prefix="openai.")
         if self.token_ids and not self.logprobs:
             raise ValueError("openai token_ids needs logprobs: vLLM returns the ids inside the log-probs")
-        if self.importance_sampling_cap < 1:
-            raise ValueError(f"openai importance_sampling_cap={self.importance_sampling_cap} is below 1: use 3.0")
         if any(key in self.extra_body for key in ("api_key", "authorization", "Authorization")):
             raise ValueError("openai extra_body holds a key: set RLCODE_OPENAI_API_KEY in the environment instead")
 

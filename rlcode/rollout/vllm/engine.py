@@ -33,10 +33,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
+
+from rlcode.setting import COUNT, IMPORTANCE_CAP, POSITIVE, Range, check_arguments, field_of
 
 # The vLLM releases this code was written against (read from their source, never run here).
 TESTED_VLLM_VERSIONS = ">=0.33.0,<0.34"
@@ -70,32 +72,20 @@ class VLLMSettings:
         importance_sampling_cap: upper bound of that ratio (TRL's ``vllm_importance_sampling_clip_max``).
     """
 
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gib: float | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int = 4096
+    gpu_memory_utilization: Annotated[float, field_of(Range(0, 1, low_open=True))] = 0.3
+    kv_cache_gib: Annotated[float, field_of(POSITIVE)] | None = None
+    max_model_len: Annotated[int, field_of(COUNT)] | None = None
+    max_num_seqs: Annotated[int, field_of(COUNT)] | None = None
+    max_num_batched_tokens: Annotated[int, field_of(COUNT)] = 4096
     dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     enable_sleep_mode: bool = False
     importance_sampling_correction: bool = True
-    importance_sampling_cap: float = 3.0
+    importance_sampling_cap: Annotated[float, field_of(IMPORTANCE_CAP)] = 3.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]: "
-                             "use e.g. 0.3 to leave the rest to the trainer.")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise ValueError(f"vllm kv_cache_gib={self.kv_cache_gib} must be positive (or None: sized by "
-                             "gpu_memory_utilization).")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"vllm {name}={value} must be a positive token/sequence count (or None).")
-        if self.importance_sampling_cap < 1:
-            raise ValueError(f"vllm importance_sampling_cap={self.importance_sampling_cap} is below 1, which "
-                             "would down-weight every token: use TRL's 3.0.")
+        check_arguments(VLLMSettings, vars(self), prefix="model.vllm.")
 
 
 DEFAULT_MAX_MODEL_LEN = 4096  # TRL's colocate default; a model with a shorter limit gets its own
