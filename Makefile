@@ -146,7 +146,7 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 test-vllm: setup-vllm
 	$(VLLM_VENV)/bin/pytest -q -m vllm $(PYTEST_ARGS)
 
-# The GPU lease (benchmarks/README.md, "The GPU check on a lent machine"): the wheels gpu_check.py needs
+# The GPU lease (benchmarks/gpu_check.md): the wheels gpu_check.py needs
 # that the lent machine's image lacks, for its Python 3.12, into .device-wheels (carried with the call).
 .PHONY: device-wheels test-device-stack
 device-wheels: setup

@@ -186,9 +186,9 @@ def _cpu_only_platform() -> PlatformInfo:
 def default_eval_batch_size(device_type: str) -> int:
     """Problems generated together by a greedy MBPP eval when the config does not say.
 
-    On CPU a decoding row costs far less at batch 8-16 than at 1-2 (measured on SmolLM2: 130 ms per
-    step at batch 8, 52 ms at 1), and beyond that a step is compute-bound while padding grows: batch 32 was slower
-    per problem than 16 (benchmarks/README.md, "Eval speed"). A GPU is far from busy at 16; 32 is the
+    On CPU a decoding row costs far less at batch 8-16 than at 1-2 (a step's weights are read once for
+    every row in it), and beyond that a step is compute-bound while padding grows: batch 32 was slower
+    per problem than 16 (a dated run, benchmarks/journal/sandbox.md, "Eval speed"). A GPU is far from busy at 16; 32 is the
     largest eval batch of the configs/hw overlays, whose memory shares were sized beside training.
     """
     return 32 if device_type == "cuda" else 16

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 # Before torch loads (lightning imports it): OpenMP threads that spin while they wait turn a shared
-# CPU into a crawl. Measured on 2 busy cores: a SmolLM2 decoding step took 1.56 s with 2 spinning
-# threads, 0.35 s with 2 passive ones, 0.15 s with 1. On an idle machine passive waiting costs little.
+# CPU into a crawl: a spinning thread burns the core its descheduled partner needs (on 2 busy cores a
+# SmolLM2 decoding step took several times as long with spinning threads as with passive ones; a dated
+# run, benchmarks/journal/speed.md). On an idle machine passive waiting costs little.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import lightning as L  # noqa: E402

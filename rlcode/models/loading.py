@@ -103,7 +103,7 @@ def load_model(
             a local Hugging Face folder, or a hub id such as "Qwen/Qwen2.5-1.5B".
         precision: Lightning precision string; "-true" loads the weights in that dtype, "-mixed"
             keeps fp32 weights.
-        gradient_checkpointing: recompute activations in backward to save memory (~13% slower).
+        gradient_checkpointing: recompute activations in backward to save memory (slower: the forward runs twice).
         lora: adapter settings; None trains every weight.
         quantization: "4bit" (QLoRA, NF4) or "8bit" base weights via bitsandbytes; needs `lora`
             (quantized weights cannot be trained) and a CUDA device.

@@ -1,11 +1,11 @@
 """The shared-prompt decode attention as one fused CPU kernel, built on first use.
 
 In torch the int8 sampler's decode attention is four small products and ~15 small operations per
-layer (``shared_prompt_cache.grouped_decode_attention``): on SmolLM2 (4 prompts x 4 rows, 200-token
-prompts) 12 of the 15 ms a decode step spends above its int8 weight floor at one thread. The kernel
-(``csrc/shared_prompt_attention.cpp``) does the same arithmetic in one pass per prompt and key/value
-head with no intermediate tensors: 30 layers' attention in 7.7 ms against torch's 10.6 at one thread
-and 4.3 against 7.7 at two (``benchmarks/README.md``). It equals the torch attention up to float
+layer (``shared_prompt_cache.grouped_decode_attention``): on SmolLM2 most of what a decode step spends
+above its int8 weight floor, each operation's dispatch and temporaries costing more than its
+arithmetic. The kernel (``csrc/shared_prompt_attention.cpp``) does the same arithmetic in one pass per
+prompt and key/value head with no intermediate tensors (``benchmarks/rollout_speed.py --decode-step``
+times the step with it and without; its dated runs are in ``benchmarks/journal/speed.md``). It equals the torch attention up to float
 rounding (tested), so it is used only where that one is: by the int8 copy, whose log-probs are recorded.
 
 Built with ``torch.utils.cpp_extension`` (a C++ compiler with OpenMP and ninja; ~20 s, once, cached under

@@ -2,7 +2,7 @@
 
 The int8 copy (``quantized_sampler``) shrank a CPU decode step's linears to a quarter of their fp32
 time, which left the rest of the step (transformers' modules, RMSNorm, RoPE, the attention's small
-products, ~2,500 operator calls a step at ~3 us each) as a third of it. This step runs the same
+products: thousands of operator calls a step, each paying torch's dispatch) as a large share of it. This step runs the same
 arithmetic as the model's forward, layer by layer, with fewer calls: torch's fused ``rms_norm`` for
 the norms' six operations, RoPE's rotate-half as one ``roll`` with the sine's first half negated
 (``x2 * -s`` is ``-x2 * s`` exactly), no decorators, hooks, output objects or mask building, and the

@@ -33,8 +33,8 @@ head ~10x cheaper (49152 x 576, a fifth of all weights) for a small share of the
 
 On a GPU: torch's dynamic quantization has no CUDA kernels, and torch's own fp8/int8 matmuls
 (``_scaled_mm``, ``_int_mm``) made a decode step's linears slower, not faster, on an H200 (a 1.5B
-model's, 16-32 rows: bf16 3.0 ms, fp8 19 ms, int8 26 ms; ``benchmarks/gpu_check.py``'s
-``quantized_linears``), so ``int8`` is refused there. QLoRA (a 4-bit
+model's, 16-32 rows: ``benchmarks/gpu_check.py``'s ``quantized_linears`` in
+``benchmarks/results/gpu_check_2026-11-28.json``), so ``int8`` is refused there. QLoRA (a 4-bit
 NF4 base): each base weight is dequantized (bitsandbytes), the adapters' deltas added, then quantized
 to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format is not fbgemm's).
 """

@@ -9,9 +9,9 @@ keys and values are kept once per prompt (the *prefix*); each row keeps only the
 does). A step's attention then scores the group's queries against their prompt in one matmul per
 prompt and key/value head (the prompt's keys are read once for G x heads-per-key-head query rows),
 scores each row's suffix, takes one softmax over both (the same normalisation as over the
-concatenation) and sums the two weighted values. On SmolLM2 (4 prompts x 4 rows, 200-token prompts,
-1 thread, quiet machine) the int8 copy's decode step fell from 52.4 to 45.7 ms
-(``benchmarks/rollout_speed.py --decode-step``).
+concatenation) and sums the two weighted values: a group's prompt is read once per step instead of G
+times (``benchmarks/rollout_speed.py --decode-step --group`` times the step both ways; its dated runs
+are in ``benchmarks/journal/speed.md``).
 
 The result equals SDPA's over the full cache up to float rounding (the sums run in another order:
 tested within a bound derived from the fp32 epsilon), not bit for bit, so it is used only by a sampler

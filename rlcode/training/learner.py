@@ -109,7 +109,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
                 CodeGame; in a config ``model.mode: {class_path: ..., init_args: ...}``).
             model_name: short name ("smollm2-135m-instruct", "tiny-random"), local folder or hub id.
             precision: weight precision as a Lightning string ("32-true", "bf16-true", ...).
-            gradient_checkpointing: recompute activations in backward (less memory, ~13% slower).
+            gradient_checkpointing: recompute activations in backward (less memory, slower: the forward runs twice).
             lora: train LoRA adapters instead of every weight; the adapter-free base is then the
                 reference policy of the KL term.
             quantization: "4bit" (QLoRA: NF4, double quantization, compute dtype from ``precision``)

@@ -1,0 +1,18 @@
+"""docs/development.md's layout names every package under rlcode/: a package added or moved shows up there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_layout_names_every_package_under_rlcode():
+    text = (REPO / "docs" / "development.md").read_text()
+    layout = text[text.index("Layout:"):text.index("Two\ndepartures")]
+    named = set(re.findall(r"`rlcode/(\w+)/`", layout))
+    packages = {path.parent.name for path in (REPO / "rlcode").glob("*/*.py")}  # namespace packages too (envs/)
+    assert packages, "no packages found under rlcode/"
+    assert not packages - named, f"docs/development.md's layout omits {sorted(packages - named)}"
+    assert not named - packages, f"docs/development.md's layout names no package {sorted(named - packages)}"
