@@ -7,7 +7,7 @@ are callbacks, ``run:`` is ``RunSettings`` (``rlcode.cli.sections``), ``trainer:
 files overlay left to right; ``--print_config`` shows the merged result.
 
 Run directory: ``<run.root_dir>/<run.experiment>/version_<n>/`` holds run.json (the run id, which is
-the W&B run id, and the SLURM job id), config.yaml, metrics.csv, checkpoints/, eval/, rollouts.jsonl
+the W&B run id, and the SLURM job id), config.yaml, console.log, metrics.csv, checkpoints/, eval/, rollouts.jsonl
 and plots/. ``--ckpt_path last`` resumes the newest run of the experiment that has a ``last.ckpt``,
 in the same directory and the same W&B run; under SLURM only a run of this job counts, so a requeued
 job picks up where it stopped and a new job starts fresh. A checkpoint path inside a run directory
@@ -61,10 +61,11 @@ from rlcode.cli.export import main as export_main  # noqa: E402
 from rlcode.models.embedded_smollm2 import EmbeddedModelUnavailable  # noqa: E402
 import rlcode.platform as platform  # noqa: E402  (module access: tests fake detect_platform on it)
 from rlcode.cli.platform_profile import with_profile  # noqa: E402
-from rlcode.run_dir import (discard_unstarted, find_last_checkpoint, finish_wandb, resumed_step,  # noqa: E402
-                            run_loggers, version_of)
+from rlcode.run_dir import (ResumableCSVLogger, discard_unstarted, find_last_checkpoint, finish_wandb,  # noqa: E402
+                            resumed_step, run_directory, run_loggers, version_of)
 from rlcode.run_dir.checkpoint_file import (checkpoint_run_directory, is_sharded_checkpoint,  # noqa: E402
                                            joined_checkpoint_file)
+from rlcode.run_dir.console_log import ConsoleLog  # noqa: E402
 from rlcode.run_dir.identity import new_run_id, read_run  # noqa: E402
 from rlcode.run_dir.loggers import reachable, say_once  # noqa: E402
 from rlcode.models.loading import ModelNotFound  # noqa: E402
@@ -79,7 +80,16 @@ _SETUP_ERRORS = (MBPPDataError, EmbeddedModelUnavailable, ModelNotFound, Isolati
                  SettingError)
 
 class RLCodeCLI(LightningCLI):
+    def __init__(self, *args: Any, console: ConsoleLog | None = None, **kwargs: Any) -> None:
+        self.console = console
+        super().__init__(*args, **kwargs)
+
     def _run_subcommand(self, subcommand: str) -> None:
+        keeps_log = any(isinstance(logger, ResumableCSVLogger) for logger in self.trainer.loggers)
+        if self.console is not None and keeps_log and self.trainer.global_rank == 0:
+            self.console.attach(run_directory(self.trainer))  # console.log, beside metrics.csv
+        elif self.console is not None:
+            self.console.stop()
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
@@ -319,10 +329,12 @@ def main(args: list[str] | None = None) -> None:
         args = argv
     if argv[:1] == ["export"]:  # not a Lightning subcommand: adapters or merged weights from a checkpoint
         return export_main(argv[1:])
+    console = ConsoleLog().start()  # held in memory until the run directory is known
     try:
         RLCodeCLI(
             Learner,  # its mode (model.mode) is GRPO by default
             L.LightningDataModule,  # MBPPDataModule by default; GameDataModule for SPIRAL
+            console=console,
             subclass_mode_model=False,
             parser_class=cli_help.RLCodeParser,  # rlcode's help formatter, in the modes' help too
             subclass_mode_data=True,
@@ -345,6 +357,7 @@ def main(args: list[str] | None = None) -> None:
         rank_zero_only(print)(f"rlcode: {finished}", flush=True)
     finally:
         finish_wandb()
+        console.stop()
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """The run directory and the resume policy, in one place.
 
 ``<run.root_dir>/<run.experiment>/version_<n>/`` holds run.json (the run id, which is the W&B run
-id, and the SLURM job id), config.yaml, metrics.csv, checkpoints/, eval/, rollouts.jsonl and plots/.
+id, and the SLURM job id), config.yaml, console.log (what the run printed), metrics.csv, checkpoints/, eval/,
+rollouts.jsonl and plots/.
 
 - ``layout``: where a run's files go (``run_directory``) and the cleanup of a run that never started;
 - ``identity``: ``run.json``, which a restart of the run reads again;
 - ``checkpoint_file``: a checkpoint file or sharded folder (FSDP), read alike;
 - ``resume``: which checkpoint ``--ckpt_path`` resumes and in which directory the run goes on;
-- ``loggers``: metrics.csv kept across a resume, and W&B in the same run.
+- ``loggers``: metrics.csv kept across a resume, and W&B in the same run;
+- ``console_log``: console.log, what the run printed, appended on resume.
 
 It sits below the callbacks and the CLI: it knows Lightning's trainer and loggers, not them.
 """

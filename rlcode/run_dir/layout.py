@@ -17,9 +17,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from rlcode.run_dir.loggers import ResumableCSVLogger
 
-# Written by every command before its run does anything (the run id, the merged config, Lightning's
-# hparams on the way out), and the W&B folder of a run that logged nothing.
-_WRITTEN_FIRST = {"run.json", "config.yaml", "hparams.yaml"}
+# Written by every command before its run does anything (the run id, the merged config, what it
+# printed, Lightning's hparams on the way out), and the W&B folder of a run that logged nothing.
+_WRITTEN_FIRST = {"run.json", "config.yaml", "hparams.yaml", "console.log"}
 
 
 def run_directory(trainer) -> Path:
