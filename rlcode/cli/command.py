@@ -40,7 +40,7 @@ from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 from rlcode.callbacks import (GameEval, GracefulShutdown, MBPPEval, RolloutLogging, RunSummary,  # noqa: E402
                               StepCheckpoint, StepMetrics, StepProgressBar, TrainingPlots)
-from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
+from rlcode.stopping import Stopped  # noqa: E402
 from rlcode.cli import errors as cli_errors, help as cli_help, old_form as cli_old_form, prechecks as cli_prechecks, resume_guard as cli_resume_guard, overlays as config_overlays  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
@@ -364,7 +364,7 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         raise SystemExit(f"rlcode: {error}") from None
-    except StopRequested as stopped:  # validate / test asked to stop by a signal: a clean exit, one line
+    except Stopped as stopped:  # validate / test stopped by a signal between batches: a clean exit, one line
         rank_zero_only(print)(f"rlcode {stopped}", flush=True)
     except cli_resume_guard.RunAlreadyFinished as finished:  # a requeued job of a finished run: exit 0, untouched
         rank_zero_only(print)(f"rlcode: {finished}", flush=True)
