@@ -22,9 +22,10 @@ from typing import Annotated
 from weakref import proxy
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 
-from rlcode.callbacks import stop_request
 from rlcode.setting import COUNT_OR_ZERO, Range, free
+from rlcode.stopping import StopPoint
 
 # GRPO steps the optimizer inside training_step by design, so a checkpoint holds the state after
 # the step it is named after; Lightning's warning about exactly that is noise here.
@@ -81,8 +82,8 @@ class StepCheckpoint(ModelCheckpoint):
         # A signal that landed during this save (or after the shutdown looked at this batch end) stops
         # the run now, not a whole step later. Lightning runs checkpoint callbacks after all others, so
         # this is the last look before the next step.
-        if stop_request.agreed(trainer):
-            stop_request.stop_now(trainer, pl_module)
+        if pl_module.stop_token.agreed(pl_module.ranks(), StopPoint.AFTER_SAVE):
+            save_and_stop(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
         # Lightning's would leave last.ckpt linked to the last numbered checkpoint when max_steps is
@@ -103,3 +104,38 @@ class StepCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+
+def save_and_stop(trainer, pl_module) -> None:
+    """Save what the run has (``last.ckpt``) and end the fit loop, once per stop (an eval that gave up
+    and the batch end after it may both ask). Call it only after the ranks agreed to stop
+    (``StopToken.agreed``), from a hook every rank runs: the save is collective."""
+    token = pl_module.stop_token
+    if token.acted:
+        return
+    token.acted = True
+    saved = _save_last(trainer)
+    pl_module.history.stop(token.signal, saved)  # the evals skip their final one; the summary says so
+    if saved:
+        rank_zero_info(f"saved {saved} at step {trainer.global_step}; resume with --ckpt_path last")
+    elif trainer.global_step == 0:
+        rank_zero_info("stopping at step 0: no step ran, nothing to save (run the command again to start over)")
+    else:
+        rank_zero_info(f"stopping at step {trainer.global_step}: a dry run changed no weights, nothing to save")
+    trainer.should_stop = True
+
+
+def _save_last(trainer) -> str | None:
+    """The newest state as ``last.ckpt`` (None in a dry run). Through the run's StepCheckpoint, the
+    one writer of its ``last.ckpt``: a second writer made it version its own copy."""
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, StepCheckpoint):
+        return callback.save_now(trainer)
+    if trainer.lightning_module.run_description().dry_run:
+        return None
+    folder = callback.dirpath if callback is not None and callback.dirpath else f"{trainer.log_dir}/checkpoints"
+    path = f"{folder}/last.ckpt"
+    if os.path.islink(path):
+        os.unlink(path)  # a link to step-N.ckpt: writing through it would relabel that checkpoint
+    trainer.save_checkpoint(path)
+    return path

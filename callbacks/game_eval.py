@@ -7,7 +7,7 @@ Each evaluation plays every game of ``data.games`` with the policy in seat 0 and
 per game and opponent those rates and the episode count, then every episode with its turns. It does
 nothing for modes without games.
 
-A stop signal is acted on between games (``rlcode.callbacks.stop_request``): the eval is abandoned
+A stop signal is acted on between games (``rlcode.stopping``: ``StopPoint.GAME``): the eval is abandoned
 unrecorded, the run saves and stops, and a resumed run plays the eval due at its step first.
 """
 
@@ -19,10 +19,11 @@ from typing import Annotated
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlcode.callbacks import stop_request
+from rlcode.callbacks.checkpointing import save_and_stop
 from rlcode.envs.game_evaluation import eval_report, outcome_rates, rate_metrics
 from rlcode.run_dir import run_directory
 from rlcode.setting import COUNT_OR_ZERO, free
+from rlcode.stopping import StopPoint
 
 
 class GameEval(L.Callback):
@@ -66,7 +67,7 @@ class GameEval(L.Callback):
 
         episodes = self._play(trainer, pl_module, mode)
         if episodes is None:  # a stop: the save comes first, this eval runs again on resume
-            stop_request.stop_now(trainer, pl_module)
+            save_and_stop(trainer, pl_module)
             return None
         metrics = rate_metrics(outcome_rates(episodes))
         for key, value in mode.baselines.values.items():
@@ -91,7 +92,7 @@ class GameEval(L.Callback):
         before each: a stop waits for one game's batch of episodes at most)."""
         episodes: list = []
         for number, batch in enumerate(trainer.datamodule.eval_batches()):
-            if stop_request.agreed(trainer):
+            if pl_module.stop_token.agreed(pl_module.ranks(), StopPoint.GAME):
                 if number:
                     rank_zero_info(f"  Games vs random at step {trainer.global_step} abandoned after {number} "
                                    "game(s); they run again on resume")

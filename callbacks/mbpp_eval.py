@@ -16,7 +16,7 @@ sizes it too), n the checkpoint's step, in the checkpoint's own run directory wh
 callback's settings (``max_new_tokens``, sampling, timeout, batch size: ``rlcode.eval.settings``),
 and every verdict file records them under ``"generation"``.
 
-A stop signal is acted on between batches (``rlcode.callbacks.stop_request``): a running eval is
+A stop signal is acted on between batches (``rlcode.stopping``: ``StopPoint.EVAL_BATCH``): a running eval is
 abandoned, writes no file and is not recorded, the run saves and stops, and a resumed run evaluates
 at its first step again when an eval was due there (at start or at an interval step).
 """
@@ -32,15 +32,16 @@ import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlcode.callbacks import stop_request
+from rlcode.callbacks.checkpointing import save_and_stop
 from rlcode.data.prompts import build_prompt
-from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, EvalStopped, score_policy
+from rlcode.eval.policy_scoring import BENCHMARK_NAMES, EvalReport, score_policy
 from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.progress import EvalProgress
 from rlcode.eval.settings import EvalSettings, resolve
 from rlcode.run_dir import checkpoint_metadata, run_directory
 from rlcode.run_dir.checkpoint_file import checkpoint_run_directory, original_checkpoint
 from rlcode.setting import COUNT, COUNT_OR_ZERO, POSITIVE, TEMPERATURE, check_arguments, free
+from rlcode.stopping import StopPoint, Stopped
 
 NUM_QUESTIONS_ENV = "MBPP_EVAL_NUM_QUESTIONS"
 BENCHMARKS = tuple(BENCHMARK_NAMES)
@@ -216,8 +217,9 @@ class MBPPEval(L.Callback):
         datamodule = trainer.datamodule
         if not hasattr(datamodule, "eval_tasks"):
             return None  # not an MBPP mode (e.g. SPIRAL games: see callbacks/game_eval.py)
-        if stop_request.agreed(trainer):  # asked during the step: the save comes first, the eval on resume
-            stop_request.stop_now(trainer, pl_module)
+        token, ranks = pl_module.stop_token, pl_module.ranks()
+        if token.agreed(ranks, StopPoint.EVAL_START):  # asked during the step: the save first, the eval on resume
+            save_and_stop(trainer, pl_module)
             return None
         tasks = datamodule.eval_tasks(self.effective_num_questions)
         prompts = [pl_module.render(build_prompt(task, datamodule.prompt_format)) for task in tasks]
@@ -231,14 +233,14 @@ class MBPPEval(L.Callback):
                 pl_module, prompts, tasks, self._sandbox(pl_module), step=trainer.global_step,
                 split=where, num_samples=settings.num_samples, ks=settings.k, temperature=settings.temperature,
                 max_new_tokens=settings.max_new_tokens, timeout=settings.timeout, batch_size=settings.batch_size,
-                progress=progress, benchmark=self.benchmark, should_stop=stop_request.checker(trainer),
+                progress=progress, benchmark=self.benchmark, should_stop=lambda: token.agreed(ranks, StopPoint.EVAL_BATCH),
                 rollout_precision=self.rollout_precision)
             report.settings = settings.as_json()
-        except EvalStopped as stopped:
+        except Stopped as stopped:
             # Nothing written or recorded: the history has no eval at this step, so a resume runs it.
             rank_zero_info(f"  {label} eval at step {trainer.global_step} abandoned ({stopped}); "
                            "it runs again on resume")
-            stop_request.stop_now(trainer, pl_module)
+            save_and_stop(trainer, pl_module)
             return None
         self._last_step = trainer.global_step
         path = None

@@ -49,8 +49,8 @@ def reward_sending_the_signal(prompts, completions, step=None, **columns) -> lis
 
 
 def _install() -> None:
+    from rlcode.callbacks import checkpointing
     from rlcode.callbacks.checkpointing import StepCheckpoint
-    from rlcode.callbacks.shutdown import GracefulShutdown
     from rlcode.eval import policy_scoring
 
     def slow_generate(module, prompts, per_prompt, *args, **kwargs):
@@ -78,13 +78,13 @@ def _install() -> None:
 
     StepCheckpoint._save_checkpoint = slow_save
 
-    original_stop = GracefulShutdown.stop
+    original_save_last = checkpointing._save_last  # called once per stop, first thing (save_and_stop)
 
-    def stop(self, trainer, pl_module):
+    def stop(trainer):
         event("stop", step=trainer.global_step)
-        original_stop(self, trainer, pl_module)
+        return original_save_last(trainer)
 
-    GracefulShutdown.stop = stop
+    checkpointing._save_last = stop
 
 
 if __name__ == "__main__":

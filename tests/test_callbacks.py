@@ -15,6 +15,8 @@ from rlcode.callbacks.plots import draw
 from rlcode.callbacks.rollout_logging import RolloutLogging, sample_rows
 from rlcode.callbacks.shutdown import GracefulShutdown
 from rlcode.callbacks.summary import summarize
+from rlcode.stopping import StopPoint, StopToken
+from rlcode.training.all_ranks_totals import Ranks
 from rlcode.training.run_history import RunDescription, RunHistory
 from rlcode.training.step_record import StepRecord
 
@@ -134,24 +136,25 @@ def test_steps_without_an_update_are_not_called_optimizer_steps():
 
 def test_graceful_shutdown_turns_a_signal_into_a_checkpoint_and_a_stop(tmp_path):
     saved = []
-    one_device = SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision)
-    module = SimpleNamespace(history=RunHistory(), run_description=lambda: RunDescription("GRPO", "model", []))
+    module = SimpleNamespace(history=RunHistory(), run_description=lambda: RunDescription("GRPO", "model", []),
+                             stop_token=StopToken(), ranks=Ranks)
     trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), log_dir=str(tmp_path),
                               lightning_module=module, global_step=7, should_stop=False,
-                              save_checkpoint=saved.append, strategy=one_device)
+                              save_checkpoint=saved.append)
     callback = GracefulShutdown()
     before = signal.getsignal(signal.SIGINT)
-    callback.on_train_start(trainer, None)
+    callback.setup(trainer, module, "fit")
     try:
         callback.on_train_batch_end(trainer, module, None, None, 0)
         assert not trainer.should_stop and not saved  # nothing happens without a signal
         signal.raise_signal(signal.SIGINT)  # would be a KeyboardInterrupt without the callback
-        assert callback.requested == "SIGINT"
+        assert module.stop_token.signal == "SIGINT" and module.stop_token.requested()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a second Ctrl-C acts at once
         callback.on_train_batch_end(trainer, module, None, None, 1)
         assert trainer.should_stop and saved == [f"{tmp_path}/last.ckpt"]
         # what the evals (no final one) and the summary read
         assert (module.history.stopped_by, module.history.saved_on_stop) == ("SIGINT", f"{tmp_path}/last.ckpt")
+        assert module.stop_token.asks == {StopPoint.STEP_END: 2}
     finally:
         callback.teardown(trainer, None, "fit")  # after the final eval, which a signal may abandon too
     assert signal.getsignal(signal.SIGINT) is before
@@ -167,7 +170,7 @@ def test_a_second_sigterm_stops_at_once_even_under_a_logging_handler():
     try:
         callback.on_train_start(trainer, None)
         signal.raise_signal(signal.SIGTERM)
-        assert callback.requested == "SIGTERM" and not logged
+        assert callback.token.signal == "SIGTERM" and not logged
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the next SIGTERM terminates
         callback.teardown(trainer, None, "fit")
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the run's end puts back the one found

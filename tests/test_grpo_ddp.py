@@ -38,15 +38,16 @@ def count_gradient_syncs(state, bucket):
 _SYNC_ROUNDS = [0]
 
 
-def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = None) -> None:
+def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = None, sharded: bool = False) -> None:
     """Body of each rank: fit with recording patches, then write rank<N>.json.
 
     ``signal_rank_zero``: rank zero alone gets a stop request (as from SIGTERM) as its second step
     starts (``"signal"``) or in the first micro-batch of that step's update (``"update-signal"``).
+    ``sharded``: under rlcode's FSDP2 strategy instead of DDP. Each rank records its stop token's asks
+    per stop point: every rank must ask equally often at each.
     """
     import torch
 
-    from rlcode.callbacks import stop_request
     from rlcode.cli.command import main
     from rlcode.training import policy_update
     from rlcode.training.learner import Learner
@@ -58,15 +59,16 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = Non
     def training_step(self, batch, batch_idx):
         seen["task_ids"].append(list(batch["task_id"]))
         seen["batch_idx"] = batch_idx
+        seen["token"] = self.stop_token
         if signal_rank_zero == "signal" and self.trainer.global_rank == 0 and batch_idx == 1:
-            stop_request._active.requested = "SIGTERM"
+            self.stop_token.request("SIGTERM")
         original_step(self, batch, batch_idx)
         seen["mean_rewards"].append(self.last_step.mean_reward)
         seen["global_mean_rewards"].append(self.last_step.reward_metrics.get("avg_batch_reward_all_ranks"))
 
     def update_logps(*args, **kwargs):
         if signal_rank_zero == "update-signal" and os.environ.get("LOCAL_RANK", "0") == "0" and seen["batch_idx"] == 1:
-            stop_request._active.requested = "SIGTERM"
+            seen["token"].request("SIGTERM")
         return original_logps(*args, **kwargs)
 
     policy_update.completion_logps = update_logps
@@ -77,7 +79,9 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = Non
 
     def on_train_end(self):
         rank = self.trainer.global_rank
-        record = {**seen, "checksum": _weights_digest(self.policy), "rank": rank,
+        seen.pop("token", None)
+        asks = {point.value: count for point, count in self.stop_token.asks.items()}
+        record = {**seen, "checksum": _weights_digest(self.policy), "rank": rank, "asks": asks,
                   "world_size": self.trainer.world_size, "sync_rounds": _SYNC_ROUNDS[0],
                   "global_step": self.trainer.global_step,
                   "strategy": type(self.trainer.strategy).__name__}
@@ -87,18 +91,19 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = Non
 
     def on_train_start(self):
         # Lightning registers DDPStrategy(ddp_comm_hook=...) on CUDA only: on CPU, by hand
-        self.trainer.strategy.model.register_comm_hook(state=None, hook=count_gradient_syncs)
+        if not sharded:
+            self.trainer.strategy.model.register_comm_hook(state=None, hook=count_gradient_syncs)
         seen["checksum_start"] = _weights_digest(self.policy)
         original_train_start(self)
 
     Learner.training_step, Learner.manual_backward, Learner.on_train_end = training_step, manual_backward, on_train_end
     Learner.on_train_start = on_train_start
     torch.set_num_threads(1)  # two processes share the machine's cores
-    strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy",
-                "init_args": {"process_group_backend": "gloo"}}
+    strategy = "fsdp" if sharded else json.dumps({"class_path": "lightning.pytorch.strategies.DDPStrategy",
+                                                  "init_args": {"process_group_backend": "gloo"}})
     main(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/tiny_test.yaml"), "--config", str(REPO / "configs/tiny_grpo.yaml"),
           "--run.root_dir", str(out_dir / "runs"),
-          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", json.dumps(strategy),
+          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy,
           "--trainer.max_steps", str(STEPS),
           # a length reward varies between completions, so every step has a gradient to sync
           "--model.mode.rewards", f"[execution, 'test_grpo_ddp:{reward}']", "--model.skip_zero_advantage_rows", "true",
@@ -107,14 +112,17 @@ def _run_one_rank(out_dir: Path, reward: str, signal_rank_zero: str | None = Non
 
 
 def _weights_digest(model) -> str:
-    """sha256 of every weight's bytes: equal only if the ranks hold bit-identical weights."""
+    """sha256 of every weight's bytes: equal only if the ranks hold bit-identical weights (a sharded
+    weight whole: a collective, every rank calls it)."""
     import hashlib
 
     import torch
 
+    from rlcode.models.sharding import full_tensor
+
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy())
+        digest.update(full_tensor(tensor).detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -181,6 +189,7 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
     signalled as step 1 starts: both ranks give step 1 up before its update and save step 0's end."""
     ranks = _run_two_ranks(tmp_path, "length_reward", "signal", timeout=150)
     assert [r["global_step"] for r in ranks] == [1, 1], "both ranks stop before the signalled step's update"
+    assert ranks[0]["asks"] == ranks[1]["asks"] and ranks[0]["asks"]["after_collect"] == 2, ranks
     saved = list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt"))
     assert saved, "the stop saved last.ckpt"
     import torch
@@ -199,7 +208,18 @@ def test_a_signal_to_one_rank_during_the_update_stops_every_rank_before_the_opti
     assert [r["backwards"] for r in ranks] == [MICRO_BATCHES_PER_STEP + 1] * 2, "one micro-batch of step 1 each"
     assert all(r["sync_rounds"] == 1 for r in ranks), "step 1's gradients were never all-reduced"
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    assert ranks[0]["asks"] == ranks[1]["asks"] and ranks[0]["asks"]["before_micro_batch"] >= 2, ranks
     assert list(tmp_path.glob("runs/tiny/version_*/checkpoints/last.ckpt")), "the stop saved last.ckpt"
+
+
+@pytest.mark.parametrize("when", ["signal", "update-signal"])
+def test_under_fsdp_every_rank_asks_at_every_stop_point_equally_often(tmp_path, when):
+    """The stop points' asks, counted per rank (``StopToken.asks``), under FSDP2 on two CPU ranks with
+    rank zero alone signalled: equal counts are what keeps the sharded collectives in step."""
+    ranks = _run_two_ranks(tmp_path, "length_reward", when, "fsdp", timeout=300)
+    assert [r["global_step"] for r in ranks] == [1, 1], "both ranks give the signalled step up"
+    assert ranks[0]["asks"] == ranks[1]["asks"] and {"after_collect", "step_end"} <= set(ranks[0]["asks"]), ranks
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
 
 
 def test_a_signal_to_one_rank_during_the_start_eval_stops_every_rank_between_batches(tmp_path):
@@ -207,6 +227,7 @@ def test_a_signal_to_one_rank_during_the_start_eval_stops_every_rank_between_bat
     leave the other waiting forever. The ranks agree at each batch boundary and leave together."""
     ranks = _run_two_ranks(tmp_path, "eval-signal", timeout=150)
     assert [r["eval_batches"] for r in ranks] == [1, 1], "both ranks stop after the batch in flight"
+    assert ranks[0]["asks"] == ranks[1]["asks"] and ranks[0]["asks"]["eval_batch"] == 2, ranks
     assert [r["global_step"] for r in ranks] == [0, 0] and not list(tmp_path.rglob("eval/*.json"))
 
 
@@ -215,7 +236,6 @@ def _run_eval_signal_rank(out_dir: Path) -> None:
     first batch; each rank writes how many eval batches it generated."""
     import torch
 
-    from rlcode.callbacks import stop_request
     from rlcode.cli.command import main
     from rlcode.eval import policy_scoring
     from rlcode.training.learner import Learner
@@ -225,11 +245,12 @@ def _run_eval_signal_rank(out_dir: Path) -> None:
     def generate(module, *args, **kwargs):
         batches[0] += 1
         if module.global_rank == 0:
-            stop_request._active.requested = "SIGTERM"
+            module.stop_token.request("SIGTERM")
         return original_generate(module, *args, **kwargs)
 
     def on_train_end(self):
-        record = {"eval_batches": batches[0], "global_step": self.trainer.global_step}
+        record = {"eval_batches": batches[0], "global_step": self.trainer.global_step,
+                  "asks": {point.value: count for point, count in self.stop_token.asks.items()}}
         (out_dir / f"rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
 
     policy_scoring._generate, Learner.on_train_end = generate, on_train_end
@@ -336,4 +357,5 @@ if __name__ == "__main__":
     if sys.argv[2] == "equivalence":
         _run_equivalence(Path(sys.argv[1]), int(sys.argv[3]))
         sys.exit(0)
-    _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=next(iter(sys.argv[3:]), None))
+    _run_one_rank(Path(sys.argv[1]), sys.argv[2], signal_rank_zero=next(iter(sys.argv[3:]), None),
+                  sharded="fsdp" in sys.argv[4:])

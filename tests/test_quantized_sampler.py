@@ -236,7 +236,8 @@ def test_the_frozen_opponent_samples_at_the_trainers_precision(model, tokenizer,
 
     params = SamplingParams(temperature=1.0, max_new_tokens=3)
     module = SimpleNamespace(policy=model, tokenizer=tokenizer, device=torch.device("cpu"), sharding_plan=None,
-                             hparams={"rollout_precision": "int8"}, sampling_params=lambda seed: params)
+                             hparams={"rollout_precision": "int8"}, sampling_params=lambda seed: params,
+                             stop_token=None)
     rollout = frozen_generator(module, frozen_copy(model))(prompts[:1], 0)
     assert rollout.sampling_logps is not None  # sampled by an int8 copy of the frozen weights
     module.hparams = {"rollout_precision": "same"}

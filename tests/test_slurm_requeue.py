@@ -138,10 +138,10 @@ def test_sigterm_after_sigusr1_still_saves_and_requeues():
     shutdown.on_train_start(None, None)
     try:
         signal.raise_signal(signal.SIGUSR1)
-        assert shutdown.requested == "SIGUSR1" and shutdown.requeue
+        assert shutdown.token.signal == "SIGUSR1" and shutdown.token.requeue
         assert signal.getsignal(signal.SIGTERM) == shutdown._on_signal, "SIGTERM still only sets the flag"
         signal.raise_signal(signal.SIGTERM)
-        assert shutdown.requested == "SIGTERM" and shutdown.requeue, "the requeue still happens"
+        assert shutdown.token.signal == "SIGTERM" and shutdown.token.requeue, "the requeue still happens"
     finally:
         shutdown.on_exception(None, None, None)  # puts the handlers back, and no requeue without a trainer
     assert signal.getsignal(signal.SIGTERM) == before

@@ -158,62 +158,56 @@ def test_the_scorer_stops_before_the_next_batch_and_returns_nothing(monkeypatch)
         SimpleNamespace(all_passed=True, passed=[True]) for _ in completions])
     problems = [SimpleNamespace(task_id=i, test_list=["assert True"], test_setup_code="", entry_point=None)
                 for i in range(4)]
-    with pytest.raises(policy_scoring.EvalStopped, match="after 2 of 4 problems"):
+    from rlcode.stopping import Stopped
+
+    with pytest.raises(Stopped, match="after 2 of 4 problems"):
         policy_scoring.score_policy(None, ["p"] * 4, problems, None, step=0, split="v", max_new_tokens=4,
                                     timeout=1.0, batch_size=1, should_stop=lambda: len(generated) == 2)
     assert len(generated) == 2, "the third batch was never generated"
 
 
-class _Shutdown:
-    """What stop_request asks of the registered shutdown, answering from a flag."""
-
-    def __init__(self, requested: bool) -> None:
-        self.requested, self.stopped = requested, []
-
-    def agreed(self, trainer) -> bool:
-        return self.requested
-
-    def stop(self, trainer, pl_module) -> None:
-        self.stopped.append(trainer.global_step)
-
-
 def test_a_game_eval_stops_between_games_records_nothing_and_asks_for_the_save(monkeypatch):
     from types import SimpleNamespace
 
-    from rlcode.callbacks import GameEval, stop_request
+    from rlcode.callbacks import GameEval
+    from rlcode.callbacks import checkpointing
+    from rlcode.stopping import StopPoint, StopToken
+    from rlcode.training.all_ranks_totals import Ranks
     from rlcode.training.run_history import RunHistory
 
-    shutdown = _Shutdown(requested=False)
-    played = []
+    token, played, stopped = StopToken(), [], []
 
     def play_against_random(module, batch, seed):
         played.append(batch)
-        shutdown.requested = True  # the signal lands during the first game
+        token.request("SIGTERM")  # the signal lands during the first game
         return []
 
     mode = SimpleNamespace(play_against_random=play_against_random, baselines=SimpleNamespace(values={}))
-    module = SimpleNamespace(mode=mode, history=RunHistory())
+    module = SimpleNamespace(mode=mode, history=RunHistory(), stop_token=token, ranks=Ranks)
     trainer = SimpleNamespace(global_step=4, datamodule=SimpleNamespace(eval_batches=lambda: ["tictactoe", "kuhn"]))
-    stop_request.register(shutdown)
-    try:
-        assert GameEval().evaluate(trainer, module) is None
-    finally:
-        stop_request.unregister(shutdown)
-    assert played == ["tictactoe"] and shutdown.stopped == [4] and module.history.game_evals == []
+    monkeypatch.setattr(checkpointing, "_save_last", lambda trainer: stopped.append(trainer.global_step))
+    assert GameEval().evaluate(trainer, module) is None
+    assert played == ["tictactoe"] and stopped == [4] and module.history.game_evals == []
+    assert token.asks == {StopPoint.GAME: 2} and trainer.should_stop
 
 
 def test_validate_stops_between_batches_with_a_one_line_message():
     from types import SimpleNamespace
 
     from rlcode.callbacks import GracefulShutdown
-    from rlcode.callbacks.stop_request import StopRequested
+    from rlcode.stopping import Stopped, StopToken
+    from rlcode.training.all_ranks_totals import Ranks
 
-    one_device = SimpleNamespace(reduce_boolean_decision=lambda decision, all=True: decision)
-    trainer = SimpleNamespace(strategy=one_device, state=SimpleNamespace(fn="validate"))
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="validate"))
+    module = SimpleNamespace(stop_token=StopToken(), ranks=Ranks)
     shutdown = GracefulShutdown()
-    shutdown.on_validation_batch_start(trainer, None, None, 0)  # no signal: nothing happens
-    shutdown.requested = "SIGTERM"
-    with pytest.raises(StopRequested) as stopped:
-        shutdown.on_validation_batch_start(trainer, None, None, 3)
+    shutdown.setup(trainer, module, "validate")
+    try:
+        shutdown.on_validation_batch_start(trainer, module, None, 0)  # no signal: nothing happens
+        module.stop_token.request("SIGTERM")
+        with pytest.raises(Stopped) as stopped:
+            shutdown.on_validation_batch_start(trainer, module, None, 3)
+    finally:
+        shutdown.teardown(SimpleNamespace(is_global_zero=True), module, "validate")
     assert str(stopped.value) == ("validate stopped by SIGTERM after 3 batches; no results written "
                                   "(run it again to score the checkpoint)")

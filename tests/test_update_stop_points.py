@@ -14,12 +14,13 @@ from rlcode.algorithms.losses import LossTotals
 from rlcode.models import load_model
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.training import policy_update
-from rlcode.training.policy_update import TrainerHooks, UpdateAbandoned, UpdateSettings, update_policy
+from rlcode.stopping import Stopped
+from rlcode.training.policy_update import TrainerHooks, UpdateSettings, update_policy
 
 ROWS = 4  # one row per micro-batch
 
 
-def _update(give_up, steps: list, num_iterations: int = 2, count_range=lambda count: (count, count),
+def _update(stop_agreed, steps: list, num_iterations: int = 2, count_range=lambda count: (count, count),
             backward=lambda loss: loss.backward()):
     """One update of 4 one-row micro-batches; ``steps`` gets each optimizer step's ``counted`` flag.
     Returns the policy with the update's gradients (``steps`` does not zero them)."""
@@ -28,7 +29,7 @@ def _update(give_up, steps: list, num_iterations: int = 2, count_range=lambda co
     rollout = batch_from_token_lists([[1, 2]] * ROWS, [[3, 4, 5]] * ROWS, [True] * ROWS, ["x"] * ROWS, pad_token_id=0)
     loss_mask = rollout.completion_mask.float()
     hooks = TrainerHooks(backward=backward, no_sync=nullcontext, step=lambda counted: steps.append(counted),
-                         world_size=1, give_up=give_up, count_range=count_range)
+                         world_size=1, stop_agreed=stop_agreed, count_range=count_range)
     settings = UpdateSettings(loss_type="dapo", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
                               importance_sampling_level="token", num_iterations=num_iterations, micro_batch_size=1,
                               share_prefix=False, temperature=1.0, max_new_tokens=3)
@@ -66,6 +67,6 @@ def test_a_sharded_rank_runs_the_largest_pass_count_with_zero_weighted_passes(mo
 
 def test_a_yes_leaves_before_any_optimizer_step():
     asked, steps = [], []
-    with pytest.raises(UpdateAbandoned):
+    with pytest.raises(Stopped):
         _update(lambda: asked.append(1) or len(asked) == 3, steps)
     assert len(asked) == 3 and steps == [], "left at the third micro-batch, having run two, stepping nothing"

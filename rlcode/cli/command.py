@@ -41,13 +41,13 @@ from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 
 from rlcode.callbacks import (GracefulShutdown, RunSummary, StepMetrics, StepProgressBar,  # noqa: E402
                               TrainingPlots)
-from rlcode.callbacks.stop_request import StopRequested  # noqa: E402
 from rlcode.cli import errors as cli_errors  # noqa: E402
 from rlcode.cli import help as cli_help  # noqa: E402
 from rlcode.cli import old_form as cli_old_form  # noqa: E402
 from rlcode.cli import overlays as config_overlays  # noqa: E402
 from rlcode.cli import prechecks as cli_prechecks  # noqa: E402
 from rlcode.cli import resume_guard as cli_resume_guard  # noqa: E402
+from rlcode.stopping import Stopped  # noqa: E402
 # Imported so that jsonargparse knows the modes: `--model.mode SPIRAL` works and the help lists them.
 from rlcode.modes import GRPO, SPIRAL, CodeGame, MultiStepMBPP  # noqa: E402, F401
 from rlcode.training.fsdp_strategy import STRATEGY_WORDS, resolve_strategy  # noqa: E402
@@ -351,7 +351,7 @@ def main(args: list[str] | None = None) -> None:
         if debug:
             raise
         raise SystemExit(f"rlcode: {error}") from None
-    except StopRequested as stopped:  # validate / test asked to stop by a signal: a clean exit, one line
+    except Stopped as stopped:  # validate / test stopped by a signal between batches: a clean exit, one line
         rank_zero_only(print)(f"rlcode {stopped}", flush=True)
     except cli_resume_guard.RunAlreadyFinished as finished:  # a requeued job of a finished run: exit 0, untouched
         rank_zero_only(print)(f"rlcode: {finished}", flush=True)

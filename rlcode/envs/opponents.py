@@ -44,10 +44,11 @@ class PolicyOpponent:
 
 
 class LocalModelOpponent(PolicyOpponent):
-    def __init__(self, model, tokenizer, params: SamplingParams) -> None:
+    def __init__(self, model, tokenizer, params: SamplingParams, stop_token=None) -> None:
         """Answers with ``model`` (frozen, in eval mode): each turn's messages through ``tokenizer``'s chat
-        template, sampled with ``params`` and the round's seed."""
-        backend = HFGenerateBackend(model.requires_grad_(False).eval(), tokenizer)
+        template, sampled with ``params`` and the round's seed; ``stop_token``: the run's
+        ``rlcode.stopping.StopToken`` (its rows end early in a collection given up on a stop)."""
+        backend = HFGenerateBackend(model.requires_grad_(False).eval(), tokenizer, stop_token=stop_token)
         super().__init__(lambda messages: render_prompt(tokenizer, messages, chat=True),
                          lambda prompts, seed: backend.generate(prompts, 1, replace(params, seed=seed)))
 

@@ -18,19 +18,11 @@ from rlcode.eval.passk import mean_pass_at_k
 from rlcode.eval.progress import EvalProgress
 from rlcode.eval.settings import EvalSettings
 from rlcode.sandbox.verdict import check_against_tests
+from rlcode.stopping import Stopped
 
 # The benchmarks an eval scores (``eval.benchmark``, ``rlcode-eval --benchmark``), with the names
 # progress lines show; a report's metrics are "<benchmark>_eval/...".
 BENCHMARK_NAMES = {"mbpp": "MBPP", "humaneval": "HumanEval"}
-
-
-class EvalStopped(Exception):
-    """The eval gave up between two batches because a stop was asked for (a signal): its partial
-    results are dropped, so nothing can pass them for a finished eval."""
-
-    def __init__(self, done: int, total: int) -> None:
-        super().__init__(f"stopped after {done} of {total} problems")
-        self.done, self.total = done, total
 
 
 class Problem(Protocol):
@@ -113,8 +105,9 @@ def score_policy(module, prompts: list[str], problems: Sequence[Problem], pool, 
     the order given.
 
     ``should_stop`` is asked before each batch is generated (greedy, then sampled); when it says yes,
-    ``EvalStopped`` is raised: a stop waits for one batch at most. Under DDP it must give every rank
-    the same answer at the same batch (``rlcode.callbacks.stop_request.agreed``).
+    ``rlcode.stopping.Stopped`` is raised and the partial results are dropped (nothing can pass them
+    for a finished eval): a stop waits for one batch at most. Under DDP it must give every rank the
+    same answer at the same batch (``StopToken.agreed`` at ``StopPoint.EVAL_BATCH``).
 
     ``rollout_precision`` picks the sampler ("same": the policy in full precision, also when training
     samples from int8; "int8": the hf backend's int8 copy); the report records it.
@@ -173,10 +166,10 @@ def score_batch(module, batch: dict, pool, *, split: str, settings: EvalSettings
 
 
 def _stopper(should_stop: Callable[[], bool] | None, total: int) -> Callable[[int], None]:
-    """Raises ``EvalStopped`` when ``should_stop`` says so; called with the problems done so far."""
+    """Raises ``Stopped`` when ``should_stop`` says so; called with the problems done so far."""
     def stop(done: int) -> None:
         if should_stop is not None and should_stop():
-            raise EvalStopped(done, total)
+            raise Stopped(f"stopped after {done} of {total} problems")
     return stop
 
 

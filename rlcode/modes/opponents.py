@@ -89,7 +89,7 @@ class Opponents:
         if self._actor is None and self.kind == "served":
             self._actor = ServedOpponent(self.server, self.sampling_params(learner))
         elif self._actor is None and self.kind == "model":
-            self._actor = LocalModelOpponent(*self._other, self.sampling_params(learner))
+            self._actor = LocalModelOpponent(*self._other, self.sampling_params(learner), learner.stop_token)
         elif self._actor is None and self.kind == "random":
             self._actor = RandomLegalMover()
         elif self._actor is None and self.kind == "frozen":

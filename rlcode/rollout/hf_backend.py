@@ -11,6 +11,11 @@ decoded for stop strings only when its newest token could complete one.
 With ``rollout_precision="int8"`` the loop runs an int8 copy of the policy (``quantized_sampler``),
 rebuilt after ``weights_changed()``, and records its log-probs of the sampled tokens
 (``sampling_logps``) for the importance-sampling correction.
+
+Given the run's ``StopToken``, the loop ends every live row at the next token once a stop signal
+reached this process during a training step's collection (``StopToken.ends_rows``): this rank's own
+answer, which cannot set the ranks apart (the loop runs no collective, and the step asks the ranks
+at ``StopPoint.AFTER_COLLECT`` before any row is used; see ``rlcode.stopping``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import torch
 
 from rlcode.algorithms.importance_correction import DEFAULT_CAP
 from rlcode.models.cache_name import cache_argument, output_cache
-from rlcode import stop_signal
 from rlcode.models.sharding import gathered
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import RolloutBatch, SamplingParams
@@ -33,6 +37,7 @@ from rlcode.rollout.quantized_sampler import QuantizedSampler, RolloutPrecision,
 from rlcode.rollout.sampling import next_tokens
 from rlcode.rollout.shared_prompt_cache import SharedPromptStep, share_prompt_cache, shares_prompt_cache
 from rlcode.rollout.stop_strings import StopStringMatcher
+from rlcode.stopping import StopToken
 
 
 @dataclass
@@ -59,6 +64,7 @@ class HFGenerateBackend:
             because chat templates already contain them.
         rollout_precision: "same" (sample from the model itself) or "int8" (from an int8 copy, on CPU,
             with its log-probs recorded); ``generate(precision=...)`` may choose per call.
+        stop_token: the run's ``rlcode.stopping.StopToken`` (None: rows never end early).
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class HFGenerateBackend:
         eos_token_ids: Sequence[int] | None = None,
         add_special_tokens: bool = False,
         rollout_precision: RolloutPrecision = "same",
+        stop_token: StopToken | None = None,
     ) -> None:
         refusal = precision_refusal(rollout_precision, "hf", None)
         if refusal is not None:
@@ -84,6 +91,7 @@ class HFGenerateBackend:
         self._stop_matchers: dict[tuple[str, ...], StopStringMatcher] = {}
         self.rollout_precision = rollout_precision
         self._quantized: QuantizedSampler | None = None  # built at the first int8 generate
+        self.stop_token = stop_token
 
     @property
     def importance_sampling_cap(self) -> float | None:
@@ -187,7 +195,7 @@ class HFGenerateBackend:
                 result.ended[done] = True
             if step == limit - 1 or len(finished) == len(active_rows):
                 break
-            if stop_signal.asked():  # whoever asked for these rows abandons them: end every live row here
+            if self.stop_token is not None and self.stop_token.ends_rows():  # the step gives these rows up
                 ended_here = set(finished)
                 result.lengths[[row for position, row in enumerate(active_rows) if position not in ended_here]] = step + 1
                 break

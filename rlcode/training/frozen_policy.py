@@ -34,7 +34,8 @@ def frozen_generator(module, frozen):
     # The opponent samples at the trainer's rollout precision: an int8 copy (of the frozen weights, or of
     # the base: built inside reference_mode) is made once, since nothing tells it the weights changed.
     precision = getattr(module, "hparams", {}).get("rollout_precision", "same")
-    backend = HFGenerateBackend(module.policy if lora else frozen, module.tokenizer, rollout_precision=precision)
+    backend = HFGenerateBackend(module.policy if lora else frozen, module.tokenizer, rollout_precision=precision,
+                                stop_token=module.stop_token)
 
     def generate(prompts, seed):
         params = module.sampling_params(seed)

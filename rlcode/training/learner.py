@@ -44,6 +44,7 @@ from rlcode.rollout.vllm.engine import VLLMSettings
 from rlcode.run_dir.identity import shared_run_id
 from rlcode.setting import (COUNT, COUNT_OR_ZERO, FRACTION_BELOW_ONE, NON_NEGATIVE, POSITIVE, SEED, Range,
                             check_arguments, fixed, free)
+from rlcode.stopping import StopPoint, Stopped, StopToken
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
 from rlcode.training.device_memory import peak_memory_gib, reset_peak_memory
 from rlcode.training.fsdp_strategy import sharding_refusal
@@ -53,11 +54,11 @@ from rlcode.training.mode import Mode
 from rlcode.training.optimizer_steps import count_step_without_update, update
 from rlcode.training.optimizers import OptimizerName, build_optimizer
 from rlcode.training.policy_rollouts import PolicyRollouts
-from rlcode.training.policy_update import TrainerHooks, UpdateAbandoned, UpdateSettings, update_policy
+from rlcode.training.policy_update import TrainerHooks, UpdateSettings, update_policy
 from rlcode.training.resume_state import ExactResume
 from rlcode.training.run_context import RunContext
 from rlcode.training.run_history import RunDescription, RunHistory
-from rlcode.training.step_abandon import abandon, step_start, stop_agreed
+from rlcode.training.step_abandon import abandon, step_start
 from rlcode.training.step_record import StepRecord, timed
 from rlcode.training.step_scalars import success_labels
 
@@ -186,6 +187,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         self.sharding_plan: ShardingPlan | None = None  # FSDP: set in configure_model
         self.run_id: str | None = None  # tags this run's sandbox executions (set by the CLI, else made up)
         self.abandoned_step_rng: dict | None = None  # a step given up on a stop signal: its starting RNG states
+        self.stop_token = StopToken()  # told of signals by the GracefulShutdown callback (rlcode.stopping)
 
     from_pretrained_model = classmethod(from_pretrained_model)  # Learner.from_pretrained_model(model, tokenizer, mode=...)
 
@@ -214,7 +216,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         if is_lora_model(self.policy):
             self.strict_loading = False  # checkpoints hold only the adapters (see on_save_checkpoint)
         self.backend = build_backend(hp.rollout_backend, self.policy, self.tokenizer, hp.model_name,
-                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai,
+                                     vllm=hp.vllm, seed=hp.generation_seed, openai=hp.openai, stop_token=self.stop_token,
                                      rollout_precision=hp.get("rollout_precision", "same"))
         self.mode.configure(self)  # e.g. a frozen copy of the starting policy to play against
         if self.sharding_plan is not None:  # in place, after every copy was taken from the whole policy
@@ -261,13 +263,13 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         reset_peak_memory(self.device)
         start, self.abandoned_step_rng = step_start(self.mode, self.datamodule(), batch), None
 
-        with timed(timings, "generation"):  # rows to train on; their rewards start computing
+        with timed(timings, "generation"), self.stop_token.collecting():  # rows to train; rewards start
             experience = self.mode.collect(self, batch)
             extra_metrics = self.mode.step_metrics(experience)
         refresh = getattr(self.backend, "take_refresh_seconds", lambda: None)()
         if refresh is not None:  # the int8 sampler's rebuild, inside generation: perf/sampler_refresh_s
             timings["sampler_refresh"] = refresh
-        if stop_agreed(ranks):  # a stop signal: give the step up before its update (redone on resume)
+        if self.stop_token.agreed(ranks, StopPoint.AFTER_COLLECT):  # give the step up (redone on resume)
             return self._abandon(start, experience)
         rollout = experience.rollout
         with timed(timings, "logps"):  # overlaps the sandbox running the rewards
@@ -288,7 +290,7 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         with timed(timings, "update"):
             try:
                 loss_parts = self._update(rollout, loss_mask, advantages, ref_logps, rows, totals.loss) if update else {}
-            except UpdateAbandoned:  # a stop before the first optimizer step: the weights are as they were
+            except Stopped:  # a stop before the first optimizer step: the weights are as they were
                 self.optimizers().zero_grad(set_to_none=True)
                 return self._abandon(start, experience)
         if not update:
@@ -322,7 +324,8 @@ class Learner(ExactResume, RunContext, PolicyRollouts, KLReference, L.LightningM
         settings = UpdateSettings.from_learner(hp, getattr(self.backend, "importance_sampling_cap", None))
         hooks = TrainerHooks(backward=self.manual_backward, no_sync=lambda: no_gradient_sync(self.trainer.strategy),
                              step=lambda counted: update(optimizer, counted=counted),
-                             world_size=self.trainer.world_size, give_up=lambda: stop_agreed(ranks),
+                             world_size=self.trainer.world_size,
+                             stop_agreed=lambda: self.stop_token.agreed(ranks, StopPoint.BEFORE_MICRO_BATCH),
                              count_range=ranks.count_range)
         # Said before the update, not after: the int8 sampler's copy (~110 MB) is then freed for the update's
         # memory peak; nothing generates until the update is done, so every copy is rebuilt from new weights.

@@ -78,6 +78,8 @@ class LearnerView(Protocol):
     """Lightning's trainer: evaluation steps read the size of their loop from it."""
     sharding_plan: Any
     """FSDP's ``rlcode.models.sharding.ShardingPlan`` (None unsharded): a frozen copy is sharded alike."""
+    stop_token: Any
+    """The run's ``rlcode.stopping.StopToken``: an opponent's HF backend ends its rows on it as the policy's does."""
 
     def render(self, prompt) -> str:
         """Chat messages or plain text -> what the backend encodes."""

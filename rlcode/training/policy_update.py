@@ -26,6 +26,7 @@ from rlcode.algorithms.importance_correction import (corrected_advantages, log_r
 from rlcode.algorithms.losses import ImportanceSamplingLevel, LossTotals, LossType, policy_loss
 from rlcode.logprobs.sequence_logps import completion_logps
 from rlcode.models.sharding import is_sharded
+from rlcode.stopping import Stopped
 from rlcode.training.micro_batches import micro_batches as split_rows
 
 if TYPE_CHECKING:
@@ -70,23 +71,20 @@ class TrainerHooks:
     step: Callable[[bool], None]
     """One optimizer update, then zero the gradients; True: count it as the step (``optimizer_steps.update``)."""
     world_size: int
-    give_up: Callable[[], bool] = lambda: False
-    """Whether the ranks agreed to stop (``step_abandon.stop_agreed``): a collective, so it is asked at
-    the same points on every rank."""
+    stop_agreed: Callable[[], bool] = lambda: False
+    """Whether the ranks agreed to stop (``StopToken.agreed`` at ``StopPoint.BEFORE_MICRO_BATCH``): a
+    collective, so it is asked at the same points on every rank."""
     count_range: Callable[[int], tuple[int, int]] = lambda count: (count, count)
     """The smallest and largest of a count over the ranks (one collective): of the micro-batch count,
-    how many of them each rank may ask ``give_up`` before (every rank asks it equally often), and
+    how many of them each rank may ask ``stop_agreed`` before (every rank asks it equally often), and
     under FSDP how many passes every rank runs."""
-
-
-class UpdateAbandoned(Exception):
-    """A stop signal was agreed before the update's first optimizer step: nothing has changed but the
-    gradients (which the caller clears), so the step can be given up and redone on resume."""
 
 
 def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout: RolloutBatch, loss_mask,
                   advantages, ref_logps, rows, totals: LossTotals) -> dict[str, float]:
     """``num_iterations`` optimizer updates of ``policy`` over ``rows``, micro-batched; one counted step.
+    ``rlcode.stopping.Stopped`` when the ranks agree to stop before the first optimizer step: nothing
+    has changed but the gradients (which the caller clears), so the step can be given up and redone.
 
     The losses are normalised by the whole step's totals (every row, every rank: see
     ``rlcode.algorithms.losses``), so micro-batch size and rank count do not change the update.
@@ -121,8 +119,8 @@ def update_policy(policy, hooks: TrainerHooks, settings: UpdateSettings, rollout
     padding = most - len(micro_batches) if is_sharded(policy) else 0  # FSDP: equal passes on every rank
     for iteration in range(hp.num_iterations):
         for position, index in enumerate(micro_batches):
-            if iteration == 0 and position < stop_points and hooks.give_up():
-                raise UpdateAbandoned
+            if iteration == 0 and position < stop_points and hooks.stop_agreed():
+                raise Stopped("before the update's first optimizer step")
             logps = completion_logps(policy, rollout.prompt_ids[index], rollout.prompt_mask[index],
                                      rollout.completion_ids[index], rollout.completion_mask[index],
                                      hp.temperature, share_prefix=hp.share_prefix)

@@ -3,14 +3,14 @@ collects rollouts, waits for rewards or runs the update's first pass.
 
 Generation is most of a step on CPU (minutes with long completions) and SLURM kills 30 s after its
 SIGTERM, so a step does not finish its collection once a stop is asked: the HF decode loop ends its
-rows at the next token (``rlcode.stop_signal``), the ranks agree after the collection (one all-reduce
-per step, at the same point on every rank), and the step leaves no trace. What it changed is put back
-as the step found it: the mode's state, the data's (the stream position, a curriculum's estimates)
+rows at the next token (``StopToken.collecting``), the ranks agree after the collection
+(``StopPoint.AFTER_COLLECT``, one all-reduce per step), and the step leaves no trace. What it
+changed is put back as the step found it: the mode's state, the data's (the stream position, a curriculum's estimates)
 and, for the checkpoint, the random generators. The resumed run redoes the step on the same batch
 with the same sampling seeds (a function of the seed, the step and the rank) and ends as a run never
 stopped would. The update asks again before each micro-batch of its first pass
-(``policy_update.UpdateAbandoned``): until the first optimizer step only gradients have changed, and
-they are cleared. After it the step finishes (with ``num_iterations > 1``, its remaining passes): the
+(``StopPoint.BEFORE_MICRO_BATCH``, raising ``rlcode.stopping.Stopped``): until the first optimizer
+step only gradients have changed, and they are cleared. After it the step finishes (with ``num_iterations > 1``, its remaining passes): the
 weights and optimizer moments would have to be copied to be put back. Under FSDP the update asks only
 before its first micro-batch (unsynced sharded gradients are out of the optimizer's reach).
 """
@@ -21,7 +21,6 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from rlcode import stop_signal
 from rlcode.training.resume_state import rng_states
 
 
@@ -40,11 +39,6 @@ def step_start(mode, datamodule, batch) -> StepStart:
     state_before = getattr(datamodule, "state_before", None)
     data = copy.deepcopy(state_before(batch)) if callable(state_before) else None
     return StepStart(rng=rng_states(), mode=copy.deepcopy(mode.state_dict()), data=data)
-
-
-def stop_agreed(ranks) -> bool:
-    """Whether any rank was asked to stop (every rank calls this once per step, after collecting)."""
-    return ranks.any(stop_signal.asked())
 
 
 def abandon(start: StepStart, experience, mode, datamodule, device) -> None:
