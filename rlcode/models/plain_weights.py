@@ -48,11 +48,12 @@ _PEFT_PREFIX = "base_model.model."
 _QUANTIZED_WEIGHT_TYPES = ("Params4bit", "Int8Params")  # bitsandbytes' 4-bit and 8-bit weights
 
 # One LoRA layer's merge of one of its base tensors: (the whole tensor, dtype or None) -> the merged tensor.
-Merge = Callable[[torch.Tensor, "torch.dtype | None"], torch.Tensor]
+Merge = Callable[[torch.Tensor, torch.dtype | None], torch.Tensor]
 
 
 def plain_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, whole plain tensor) for each parameter of ``model``, lazily.
+    """(checkpoint name, whole plain tensor) for each parameter of ``model``, lazily: a sharded tensor
+    is gathered when its turn comes, a merge computed then.
 
     The policy is not modified. ``dtype``: None keeps each tensor's own dtype (merges in it, as
     peft's safe merge does); a dtype casts every tensor to it and merges in it.
@@ -158,7 +159,7 @@ def named_sources(model: nn.Module) -> Iterator[tuple[str, str, nn.Parameter]]:
 
 
 def _whole(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """The whole tensor (gathered first: a cast of the shard would not save the gather), in ``dtype``."""
+    """The whole tensor in ``dtype``: gathered, then cast (a float64 shard would gather twice the bytes)."""
     whole = full_tensor(tensor.detach())
     return whole if dtype is None else whole.to(dtype)
 
