@@ -21,7 +21,8 @@ from rlcode.models.plain_weights import plain_weights
 
 # Not 8 / 4 = 2, a power of two: a scaling that rounds makes a merge done in another order show.
 LORA = {"r": 4, "alpha": 7, "dropout": 0.0}
-WITH_EMBEDDING = {"target_modules": ["q_proj", "down_proj", "embed_tokens"], "extra": {"modules_to_save": ["model.norm"]}}
+WITH_EMBEDDING = {"target_modules": ["q_proj", "down_proj", "embed_tokens"],
+                  "extra": {"modules_to_save": ["model.norm"]}}
 
 
 def trained(policy):

@@ -178,7 +178,8 @@ def merged_model(module: Learner):
                 else:
                     target.copy_(tensor)
     except NotImplementedError as error:
-        raise ExportError(f"--merge: {error}, or export without --merge and load the adapter folder with peft") from None
+        raise ExportError(f"--merge: {error}, or export without --merge and load the adapter folder with "
+                          "peft") from None
     if unknown or targets:
         raise ExportError(f"--merge: the trained policy's weights do not fit {module.hparams.model_name} "
                           f"(not in it: {unknown[:3]}, not trained: {sorted(targets)[:3]}); export without --merge")

@@ -9,12 +9,13 @@ tokens and the update weights each token by TRL's truncated importance ratio
 
 The copy: a skeleton of the policy's architecture built on the meta device (no allocation), given the
 policy's own tensors by name (``rlcode.models.plain_weights`` in fp32: LoRA merged out of place, a
-4-bit base dequantized, wrappers' names removed; inside peft's ``disable_adapter()`` the base), then every ``nn.Linear`` is swapped for a dynamic int8
-one, per output channel, in place. Embeddings, norms and buffers stay the policy's tensors, shared,
-not copied: the copy adds only the int8 weights (SmolLM2: ~106 MB), and the copy is rebuilt before
-any generate that follows a weight change, so sharing never shows a half-updated policy. The copy has
-its own config, whose attention is ``shared_prompt_cache``'s: a group's rows read their prompt's keys
-and values once (equal to SDPA up to float rounding, which the recorded log-probs include).
+4-bit base dequantized, wrappers' names removed; inside peft's ``disable_adapter()`` the base), then
+every ``nn.Linear`` is swapped for a dynamic int8 one, per output channel, in place. Embeddings, norms
+and buffers stay the policy's tensors, shared, not copied: the copy adds only the int8 weights
+(SmolLM2: ~106 MB), and the copy is rebuilt before any generate that follows a weight change, so
+sharing never shows a half-updated policy. The copy has its own config, whose attention is
+``shared_prompt_cache``'s: a group's rows read their prompt's keys and values once (equal to SDPA up
+to float rounding, which the recorded log-probs include).
 
 Accuracy, measured on SmolLM2-135M-Instruct (a 167-token MBPP prompt and solution, per-channel
 weights; mean |log p_policy - log p_int8| of tokens sampled at T=0.7):
