@@ -1,7 +1,8 @@
 """The modes sit one layer above the training step: ``rlcode.training`` never imports ``rlcode.modes``
-(the CLI hands the Learner its mode), ``rlcode.algorithms`` (RL maths) imports neither, and no mode
-reaches up into the callbacks or the CLI. Read from the source (every import, type-checking ones
-included), so an import hidden inside a function counts too."""
+(the CLI hands the Learner its mode), ``rlcode.algorithms`` (RL maths) imports neither, no mode
+reaches up into the callbacks or the CLI, and ``rlcode.models`` imports none of the layers built on
+it. Read from the source (every import, type-checking ones included), so an import hidden inside a
+function counts too."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ ABOVE = {
     "algorithms": ("rlcode.training", "rlcode.modes", "rlcode.callbacks", "rlcode.cli", "rlcode.envs", "rlcode.data"),
     "training": ("rlcode.modes", "rlcode.callbacks", "rlcode.cli"),
     "modes": ("rlcode.callbacks", "rlcode.cli"),
+    # loading, adapters, sharding and plain weights: what rollouts, training and the CLI build on
+    "models": ("rlcode.rollout", "rlcode.training", "rlcode.modes", "rlcode.callbacks", "rlcode.cli"),
 }
 
 

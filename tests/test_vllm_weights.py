@@ -9,7 +9,8 @@ import torch
 import vllm_stand_in
 from exact_float64 import assert_float64_equal, in_float64
 from rlcode.models import LoraSettings, load_model, load_tokenizer, resolve_model_source
-from rlcode.rollout.vllm.weights import adapters_disabled, check_servable, peft_checkpoint_name, streamed_weights
+from rlcode.models.plain_weights import adapters_disabled, peft_checkpoint_name
+from rlcode.rollout.vllm.weights import check_servable, streamed_weights
 
 
 def plain_names() -> list[str]:
@@ -172,12 +173,12 @@ def test_out_of_place_merge_leaves_a_bf16_base_bit_identical():
 
 
 def test_one_merged_tensor_at_a_time(monkeypatch):
-    from peft.tuners.lora import Linear
+    import rlcode.models.plain_weights as plain_weights
 
     policy = lora_policy()
     merges = []
-    original = Linear.get_delta_weight
-    monkeypatch.setattr(Linear, "get_delta_weight", lambda self, adapter: merges.append(1) or original(self, adapter))
+    original = plain_weights.lora_delta
+    monkeypatch.setattr(plain_weights, "lora_delta", lambda *args: merges.append(1) or original(*args))
     for name, _ in streamed_weights(policy):
         if "q_proj" in name:  # the first LoRA-adapted weight
             break

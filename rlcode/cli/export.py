@@ -23,8 +23,9 @@ import torch
 
 from jsonargparse import ArgumentParser
 
-from rlcode.models import is_lora_model, load_model, weight_dtype
+from rlcode.models import is_lora_model, load_model
 from rlcode.models.aliases import MODEL_ALIASES
+from rlcode.models.plain_weights import plain_weights
 from rlcode.run_dir.checkpoint_file import is_sharded_checkpoint, load_whole_checkpoint
 from rlcode.training.learner import Learner
 from rlcode.training.mode import Mode
@@ -161,57 +162,28 @@ def merged_model(module: Learner):
     """A plain (peft-free, unquantized) copy of the LoRA policy with the adapters folded in.
 
     Every merged weight is computed in float64 from the weights the trained policy computes with (a
-    quantized base dequantized, as its forward does) and rounded once to the training weight dtype,
-    so the result is as close to the trained policy as that dtype allows.
+    quantized base dequantized, as its forward does) and rounded once to the training weight dtype
+    (the plain model's ``copy_``), so the result is as close to the trained policy as that dtype
+    allows. One weight at a time: the float64 copy is never a whole model.
     """
-    state = merged_state_dict(module.policy, weight_dtype(module.hparams.precision))
     plain = load_model(module.hparams.model_name, precision=module.hparams.precision)
-    plain.load_state_dict(state, strict=True, assign=False)
+    targets = dict(plain.named_parameters())  # a tied head comes once, as the embedding, in both
+    unknown = []
+    try:
+        with torch.no_grad():
+            for name, tensor in plain_weights(module.policy, dtype=torch.float64):
+                target = targets.pop(name, None)
+                if target is None:
+                    unknown.append(name)
+                else:
+                    target.copy_(tensor)
+    except NotImplementedError as error:
+        raise ExportError(f"--merge: {error}, or export without --merge and load the adapter folder with "
+                          "peft") from None
+    if unknown or targets:
+        raise ExportError(f"--merge: the trained policy's weights do not fit {module.hparams.model_name} "
+                          f"(not in it: {unknown[:3]}, not trained: {sorted(targets)[:3]}); export without --merge")
     return plain.eval()
-
-
-def merged_state_dict(policy, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The base model's state dict (its own names) with every active adapter folded into its layer."""
-    from peft.tuners.lora import LoraLayer
-    from peft.utils.integrations import dequantize_module_weight
-
-    model = policy.get_base_model()
-    state: dict[str, torch.Tensor] = {}
-    adapted: list[str] = []
-    for name, layer in model.named_modules():
-        if any(name.startswith(f"{prefix}.") for prefix in adapted):
-            continue  # inside a LoRA layer: its base weight and adapters are merged below
-        prefix = f"{name}." if name else ""
-        if isinstance(layer, LoraLayer):
-            adapted.append(name)
-            base = layer.get_base_layer()
-            weight = dequantize_module_weight(base).detach().to("cpu", torch.float64)
-            for adapter in layer.active_adapters:
-                weight = weight + _delta_weight(layer, adapter, name)
-            state[f"{prefix}weight"] = weight.to(dtype)
-            if getattr(base, "bias", None) is not None:
-                state[f"{prefix}bias"] = base.bias.detach().to("cpu", dtype)
-            continue
-        for key, param in layer.named_parameters(recurse=False):
-            quantized = key == "weight" and type(param).__name__ in ("Params4bit", "Int8Params")
-            value = dequantize_module_weight(layer) if quantized else param
-            state[f"{prefix}{key}"] = value.detach().to("cpu", dtype)
-        for key, buffer in layer.named_buffers(recurse=False):
-            if key not in layer._non_persistent_buffers_set:
-                state[f"{prefix}{key}"] = buffer.detach().to("cpu")
-    return state
-
-
-def _delta_weight(layer, adapter: str, name: str) -> torch.Tensor:
-    """The adapter's update of ``layer``'s weight (B A scaled, peft's own formula) in float64."""
-    if layer.use_dora.get(adapter) or getattr(layer, "lora_bias", {}).get(adapter):
-        raise ExportError(f"--merge of DoRA or LoRA-bias adapters ({name}) is not supported: export without "
-                          "--merge and load the adapter folder with peft")
-    for attribute in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
-        part = getattr(layer, attribute, None)
-        if part is not None and adapter in part:
-            part.to(torch.float64)  # peft computes the delta in the adapters' dtype
-    return layer.get_delta_weight(adapter).detach().to("cpu", torch.float64)
 
 
 def main(argv: list[str]) -> None:

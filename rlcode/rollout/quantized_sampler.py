@@ -8,13 +8,14 @@ tokens and the update weights each token by TRL's truncated importance ratio
 (``rlcode.algorithms.importance_correction``).
 
 The copy: a skeleton of the policy's architecture built on the meta device (no allocation), given the
-policy's own tensors by name (``streamed_weights``: LoRA merged out of place, wrappers' names removed;
-inside peft's ``disable_adapter()`` the base), then every ``nn.Linear`` is swapped for a dynamic int8
-one, per output channel, in place. Embeddings, norms and buffers stay the policy's tensors, shared,
-not copied: the copy adds only the int8 weights (SmolLM2: ~106 MB), and the copy is rebuilt before
-any generate that follows a weight change, so sharing never shows a half-updated policy. The copy has
-its own config, whose attention is ``shared_prompt_cache``'s: a group's rows read their prompt's keys
-and values once (equal to SDPA up to float rounding, which the recorded log-probs include).
+policy's own tensors by name (``rlcode.models.plain_weights`` in fp32: LoRA merged out of place, a
+4-bit base dequantized, wrappers' names removed; inside peft's ``disable_adapter()`` the base), then
+every ``nn.Linear`` is swapped for a dynamic int8 one, per output channel, in place. Embeddings, norms
+and buffers stay the policy's tensors, shared, not copied: the copy adds only the int8 weights
+(SmolLM2: ~106 MB), and the copy is rebuilt before any generate that follows a weight change, so
+sharing never shows a half-updated policy. The copy has its own config, whose attention is
+``shared_prompt_cache``'s: a group's rows read their prompt's keys and values once (equal to SDPA up
+to float rounding, which the recorded log-probs include).
 
 Accuracy, measured on SmolLM2-135M-Instruct (a 167-token MBPP prompt and solution, per-channel
 weights; mean |log p_policy - log p_int8| of tokens sampled at T=0.7):
@@ -35,8 +36,8 @@ On a GPU: torch's dynamic quantization has no CUDA kernels, and torch's own fp8/
 (``_scaled_mm``, ``_int_mm``) made a decode step's linears slower, not faster, on an H200 (a 1.5B
 model's, 16-32 rows: ``benchmarks/gpu_check.py``'s ``quantized_linears`` in
 ``benchmarks/results/gpu_check_2026-11-28.json``), so ``int8`` is refused there. QLoRA (a 4-bit
-NF4 base): each base weight is dequantized (bitsandbytes), the adapters' deltas added, then quantized
-to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format is not fbgemm's).
+NF4 base): each base weight is dequantized (bitsandbytes), the adapters' deltas added in fp32, then
+quantized to int8 like any other; an 8-bit bitsandbytes base is refused (its int8 format is not fbgemm's).
 """
 
 from __future__ import annotations
@@ -53,16 +54,14 @@ import torch
 from torch import nn
 
 from rlcode.errors import SettingError
+from rlcode.models.plain_weights import is_peft_model, plain_name, plain_weights
 from rlcode.rollout.shared_prompt_cache import use_shared_prompt_attention
-from rlcode.rollout.vllm.weights import (_named_sources, adapters_disabled, checkpoint_name, is_peft_model,
-                                         streamed_weights)
 
 logger = logging.getLogger(__name__)
 
 RolloutPrecision = Literal["same", "int8"]
 ROLLOUT_PRECISIONS = ("same", "int8")
 FP32_LAYERS = ("down_proj",)  # module-name suffixes kept in fp32 (see the module docstring)
-_PEFT_PREFIX = "base_model.model."
 
 
 def precision_refusal(precision: str, rollout_backend: str, quantization) -> str | None:
@@ -185,20 +184,19 @@ def _has_vnni() -> bool:
 def dense_copy(policy: nn.Module) -> nn.Module:
     """The policy's architecture as a plain (non-peft) model holding the policy's tensors, LoRA merged.
 
-    Nothing is allocated but the merged LoRA weights: parameters and buffers are the policy's own.
+    Nothing is allocated but the merged LoRA weights (and, in a policy not held in fp32, dequantized
+    or cast ones): the other parameters and the buffers are the policy's own.
     """
     base = policy.get_base_model() if is_peft_model(policy) else policy
     with torch.device("meta"):
         skeleton = type(base)(copy.deepcopy(base.config))  # its own config: the attention set below is the copy's
-    weights = _dequantized_weights(policy) if _has_4bit_weights(policy) else dict(streamed_weights(policy))
-    if any(tensor.dtype != torch.float32 for tensor in weights.values()):
-        weights = {name: tensor.float() for name, tensor in weights.items()}  # fbgemm packs fp32 weights only
+    weights = dict(plain_weights(policy, dtype=torch.float32))  # fbgemm packs fp32 weights only
     _, unexpected = skeleton.load_state_dict(weights, strict=False, assign=True)
     if unexpected:
         raise RuntimeError(f"int8 sampler: the policy has weights its architecture lacks: {unexpected[:3]}")
     _tie_head(skeleton)
     for name, buffer in policy.named_buffers():
-        target = checkpoint_name(name).removeprefix(_PEFT_PREFIX)
+        target = plain_name(name)
         owner, _, attribute = target.rpartition(".")
         module = skeleton.get_submodule(owner) if owner else skeleton
         if attribute in module._buffers:
@@ -207,36 +205,6 @@ def dense_copy(policy: nn.Module) -> nn.Module:
     if left:
         raise RuntimeError(f"int8 sampler: no weights for {left[:3]} in the policy")
     return skeleton.requires_grad_(False)
-
-
-def _has_4bit_weights(policy: nn.Module) -> bool:
-    return any(type(parameter).__name__ == "Params4bit" for parameter in policy.parameters())
-
-
-def _dequantized_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """QLoRA: the policy's tensors by checkpoint name, each 4-bit base weight dequantized in fp32 and
-    its active adapters' deltas added (none inside ``disable_adapter()``); the rest as they are."""
-    from bitsandbytes.functional import dequantize_4bit
-    from peft.tuners.lora import LoraLayer
-
-    deltas: dict[int, tuple] = {}  # id(base weight) -> (LoRA layer, its active adapters)
-    if not adapters_disabled(policy):
-        for layer in policy.modules():
-            if isinstance(layer, LoraLayer) and not layer.merged:
-                names = [name for name in policy.active_adapters if name in layer.lora_A]
-                if names:
-                    deltas[id(layer.get_base_layer().weight)] = (layer, names)
-    weights = {}
-    with torch.no_grad():
-        for _, target, parameter in _named_sources(policy):
-            tensor = parameter.detach()
-            if type(parameter).__name__ == "Params4bit":
-                tensor = dequantize_4bit(parameter.data, parameter.quant_state).float()
-            if id(parameter) in deltas:
-                layer, names = deltas[id(parameter)]
-                tensor = tensor.float() + sum(layer.get_delta_weight(name).float() for name in names)
-            weights[target] = tensor
-    return weights
 
 
 def _tie_head(model: nn.Module) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlcode.models.plain_weights import adapters_disabled
 from rlcode.rollout.base import RolloutBatch, SamplingParams
 from rlcode.rollout.vllm.engine_load import load_into_engine
 from rlcode.rollout.vllm.engine_weights import EngineWeights
@@ -46,7 +47,7 @@ from rlcode.rollout.vllm.requests import (
     sampling_params_per_prompt,
     token_prompts,
 )
-from rlcode.rollout.vllm.weights import adapters_disabled, check_servable, streamed_weights
+from rlcode.rollout.vllm.weights import check_servable, streamed_weights
 
 
 class VLLMBackend:
