@@ -23,6 +23,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from rlcode.errors import SettingError
+
 
 @dataclass(frozen=True)
 class Range:
@@ -176,7 +178,8 @@ def out_of_range(cls: type | Callable, values: dict[str, Any], prefix: str = "")
 
 
 def check_arguments(cls: type | Callable, values: dict[str, Any], prefix: str = "") -> None:
-    """A constructor's own range check, for Python callers (the CLI checked before building)."""
+    """A constructor's own range check, for Python callers (the CLI checked before building): a
+    ``SettingError`` (a ``ValueError``), which the CLI prints as one line."""
     problem = out_of_range(cls, values, prefix)
     if problem is not None:
-        raise ValueError(problem)
+        raise SettingError(problem)

@@ -15,6 +15,7 @@ from rlcode.errors import SettingError
 from rlcode.modes import CodeGame
 from rlcode.rollout.assembly import batch_from_token_lists
 from rlcode.rollout.base import SamplingParams
+from rlcode.stopping import StopToken
 from rlcode.training.all_ranks_totals import Ranks, sum_over_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +75,7 @@ class ScriptedLearner:
     def __init__(self, pool, writers: list[str], answers: list[str], max_new_tokens: int = 64) -> None:
         self.pool, self.writers, self.answers = pool, list(writers), list(answers)
         self.max_new_tokens, self.policy = max_new_tokens, None
+        self.stop_token = StopToken()  # the Learner's: a local-model opponent ends its rows on it
 
     def render(self, messages):
         return messages[-1]["content"]
