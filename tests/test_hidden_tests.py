@@ -1,0 +1,316 @@
+"""Hidden tests: type-aware mutation, templates from the visible asserts, the build over the sandbox,
+and the rewards that a program special-casing the visible asserts cannot pass.
+
+MBPP tasks are read from MBPP_DATASET_PATH (three tasks and their reference solutions; the
+alternative solutions below are written here, differently from the references)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlcode.rewards import REWARDS, MBPPHiddenTestsFraction, MBPPHiddenTestsPassed, MBPPTestsPassed
+from rlcode.rewards.base import Scored, row_metrics
+from rlcode.rewards.hidden_build import build_task, cache_dir, read_cache, write_cache, GENERATOR_VERSION
+from rlcode.rewards.hidden_tests import (NO_LITERAL_ARGUMENTS, UNSUPPORTED_ASSERT, NoTemplate,
+                                         candidate_inputs, literal_text, seed_for, template_of, templates)
+from rlcode.rewards.mixture import RewardMixture
+from rlcode.rewards.mutation import mutate, size, size_bound
+from rlcode.sandbox import SandboxPool
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Task:  # what build_task reads: MBPPTask's fields
+    task_id: int
+    code: str
+    test_list: tuple
+    test_setup_code: str = ""
+    entry_point: str | None = None
+
+
+# -- mutation ------------------------------------------------------------------------------------
+
+def test_mutants_keep_their_types_signs_and_record_lengths():
+    rng = random.Random(0)
+    for _ in range(300):
+        assert type(mutate(7, rng, [3, 9])) is int and mutate(7, rng, [3, 9]) >= 0
+        assert type(mutate(2.5, rng, [1.25])) is float
+        assert isinstance(mutate("abc", rng, ["de"]), str)
+        items = mutate([1, 2, 3], rng, [[4, 5]])
+        assert items and all(type(x) is int for x in items)
+        record = mutate(("a", 1, 2.5), rng, [])
+        assert len(record) == 3 and [type(x) for x in record] == [str, int, float]
+        assert all(type(x) is str for x in mutate({"x", "y"}, rng, []))
+        assert set(mutate({"k": 1, "j": 2}, rng, []).values()) <= set(range(-5, 10))
+
+
+def test_a_length_every_assert_shares_is_kept():
+    """Single characters stay single characters, a matrix keeps its row length."""
+    rng = random.Random(1)
+    seen_other_lengths = False
+    for _ in range(200):
+        assert len(mutate("l", rng, ["a", "P"])) == 1
+        matrix = mutate([[1, 2, 3], [4, 5, 6]], rng, [])
+        assert all(len(row) == 3 for row in matrix)
+        seen_other_lengths |= len(mutate("hello", rng, ["abcda"])) != 5 or len(mutate("hello", rng, ["ab"])) != 5
+    assert seen_other_lengths  # the rule binds only where every value agrees
+
+
+def test_size_bound():
+    assert size([1, [2, 3], "abcd"]) == 1 + 1 + 3 + 4
+    assert size_bound([1, 2]) == 13 and size_bound(list(range(20))) == 42
+
+
+def test_literal_text_accepts_plain_data_only():
+    assert literal_text({1: (2, "x"), "s": {3}}) == "{1: (2, 'x'), 's': {3}}"
+    assert literal_text(set()) == "set()"
+    for value in (float("inf"), float("nan"), frozenset({1}), object(), 10 ** 5000, "x" * 2000):
+        assert literal_text(value) is None
+
+
+# -- templates -----------------------------------------------------------------------------------
+
+def test_templates_keep_the_task_own_view_and_tolerance():
+    equal = template_of("assert set(f((1, 2), 'a')) == set((2,))", "f")
+    assert equal.form == "equal" and equal.probe("f(3)") == "set(f(3))"
+    assert equal.assert_for("f(3)", {4}) == "assert set(f(3)) == {4}"
+    flipped = template_of("assert 5 == f(2)", "f")
+    assert flipped.assert_for("f(4)", 7) == "assert 7 == f(4)"
+    close = template_of("assert math.isclose(area(2.0), 12.566, rel_tol=0.001)", "area")
+    assert close.form == "isclose"
+    assert close.assert_for("area(3.0)", 28.27) == "assert math.isclose(area(3.0), 28.27, rel_tol=0.001)"
+    assert close.assert_for("area(3.0)", "x") is None
+    truth = template_of("assert not check('ab')", "check")
+    assert truth.probe("check('b')") == "(not not (check('b')))"
+    assert truth.assert_for("check('b')", True) == "assert check('b')"
+    assert truth.assert_for("check('c')", False) == "assert not check('c')"
+    arithmetic = template_of("assert p(10, 1.0/3) == 0.5", "p")
+    assert arithmetic.args == (("value", 10), ("value", 1.0 / 3))
+
+
+@pytest.mark.parametrize("test, reason", [
+    ("assert f(1) < 3", UNSUPPORTED_ASSERT),
+    ("assert f(1) == f(2)", UNSUPPORTED_ASSERT),
+    ("assert f(*xs) == 1", UNSUPPORTED_ASSERT),
+    ("assert g(1) == 2", UNSUPPORTED_ASSERT),  # not the entry point
+    ("assert f(root) == False", NO_LITERAL_ARGUMENTS),
+])
+def test_asserts_without_a_template_say_why(test, reason):
+    with pytest.raises(NoTemplate) as refused:
+        template_of(test, "f")
+    assert refused.value.reason == reason
+    assert templates([test], "f") == ([], reason)
+
+
+TESTS = ("assert words({'b', 'a'}, ['x', 'yy'], 3) == 1", "assert words({'c'}, ['zz'], 5) == 2")
+
+
+def _calls(seed):
+    found, _ = templates(TESTS, "words")
+    return [call for _, call in candidate_inputs(found, random.Random(seed_for(7, seed)), 20)]
+
+
+def test_inputs_are_deterministic_for_a_seed_and_new():
+    first = _calls(0)
+    assert first == _calls(0) and len(first) == 20
+    assert first != _calls(1)
+    assert len(set(first)) == len(first)
+    assert not {"words({'b', 'a'}, ['x', 'yy'], 3)", "words({'c'}, ['zz'], 5)"} & set(first)
+
+
+def test_inputs_do_not_depend_on_the_process_string_hashes():
+    """Sets of strings iterate in another order under another PYTHONHASHSEED: the mutator sorts."""
+    script = ("import random, json; from tests.test_hidden_tests import _calls; print(json.dumps(_calls(0)))")
+    outputs = set()
+    for hash_seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)},
+                              check=True)
+        outputs.add(done.stdout)
+    assert len(outputs) == 1 and json.loads(outputs.pop()) == _calls(0)
+
+
+# -- the build over the sandbox ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(workers=2, timeout=10.0) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def mbpp():
+    from rlcode.data.mbpp import load_mbpp
+
+    return {t.task_id: t for t in load_mbpp(split="all") if t.task_id in (3, 11, 17, 367)}
+
+
+@pytest.fixture(scope="module")
+def built(pool, mbpp):
+    return {task_id: build_task(pool, task) for task_id, task in mbpp.items()}
+
+
+# Written here, differently from MBPP's references (a loop, str.find, a sum).
+ALTERNATIVES = {
+    3: "import math\ndef is_not_prime(n):\n    return any(n % d == 0 for d in range(2, math.isqrt(n) + 1))\n",
+    11: ("def remove_Occ(s, ch):\n    i = s.find(ch)\n    if i >= 0:\n        s = s[:i] + s[i + 1:]\n"
+         "    j = s.rfind(ch)\n    if j >= 0:\n        s = s[:j] + s[j + 1:]\n    return s\n"),
+    17: "def square_perimeter(a):\n    return sum([a] * 4)\n",
+}
+
+
+def _special_casing(task) -> str:
+    """A program that returns each visible assert's expected value for its input, else None."""
+    lines = [f"def {task.entry_point}(*args):"]
+    for test in task.test_list:
+        template = template_of(test, task.entry_point)
+        call = template.call(template.args, template.keywords)
+        expected = test.split("==", 1)[1].strip()
+        lines.append(f"    if args == ({call[len(task.entry_point) + 1:-1]},): return {expected}")
+    lines.append("    return None")
+    return "\n".join(lines) + "\n"
+
+
+def test_mbpp_tasks_get_hidden_tests_or_a_reason(built):
+    for task_id in (3, 11, 17):
+        tests, reason = built[task_id]
+        assert 5 <= len(tests) <= 10 and reason is None, (task_id, reason)
+    assert built[367] == ([], NO_LITERAL_ARGUMENTS)  # its argument is a tree the setup code builds
+
+
+def test_every_kept_hidden_test_passes_on_the_reference(pool, mbpp, built):
+    reward = MBPPHiddenTestsPassed(pool=pool)
+    ids = [3, 11, 17]
+    rows = _rows(mbpp, built, ids)
+    assert reward(completions=[mbpp[i].code for i in ids], **rows) == [1.0, 1.0, 1.0]
+
+
+def _rows(mbpp, built, ids):
+    return {"test_list": [list(mbpp[i].test_list) for i in ids], "entry_point": [mbpp[i].entry_point for i in ids],
+            "hidden_tests": [built[i][0] for i in ids], "task_id": ids}
+
+
+def test_special_casing_passes_the_visible_asserts_only_and_is_flagged(pool, mbpp, built):
+    ids = [3, 11, 17]
+    cheats = [_special_casing(mbpp[i]) for i in ids]
+    rows = _rows(mbpp, built, ids)
+    assert MBPPTestsPassed(pool=pool)(completions=cheats, **rows) == [1.0, 1.0, 1.0]
+    hidden = MBPPHiddenTestsPassed(pool=pool)
+    assert hidden(completions=cheats, **rows) == [0.0, 0.0, 0.0]
+    assert [item.hardcoded for item in hidden.last_scored] == [True, True, True]
+    assert all(detail.startswith("hardcoded: hidden test ") for detail in hidden.last_details)
+    assert hidden.last_metrics["hardcoded_share"] == 1.0
+    fraction = MBPPHiddenTestsFraction(pool=pool)
+    scores = fraction(completions=cheats, **rows)
+    for score, i in zip(scores, ids):  # the visible three pass, plus hidden ones whose answer is None
+        assert 3 / (3 + len(built[i][0])) <= score < 1.0
+
+
+def test_a_correct_alternative_passes_both(pool, mbpp, built):
+    ids = [3, 11, 17]
+    rows = _rows(mbpp, built, ids)
+    alternatives = [ALTERNATIVES[i] for i in ids]
+    assert MBPPTestsPassed(pool=pool)(completions=alternatives, **rows) == [1.0, 1.0, 1.0]
+    hidden = MBPPHiddenTestsPassed(pool=pool)
+    assert hidden(completions=alternatives, **rows) == [1.0, 1.0, 1.0]
+    assert [item.hardcoded for item in hidden.last_scored] == [False, False, False]
+    assert hidden.last_metrics["hardcoded_share"] == 0.0
+
+
+def test_the_float_tolerance_comes_from_the_asserts(pool):
+    """An isclose template's rel_tol carries over; a plain == stays exact. The approximate answer
+    (pi as 3.1416, relative error 2.3e-6) is within the asserts' 1e-3 and not exact."""
+    reference = "import math\ndef area(r):\n    return math.pi * r * r\n"
+    close = Task(1, reference, ("assert math.isclose(area(2.0), 12.566, rel_tol=0.001)",
+                                "assert math.isclose(area(1.5), 7.0686, rel_tol=0.001)"), "import math", "area")
+    exact = Task(2, reference, ("assert area(2.0) == 12.566370614359172", "assert area(1.5) == 7.0685834705770345"),
+                 "", "area")
+    close_tests, _ = build_task(pool, close)
+    exact_tests, _ = build_task(pool, exact)
+    assert close_tests and all("rel_tol=0.001" in test for test in close_tests)
+    assert exact_tests and not any("isclose" in test for test in exact_tests)
+    approximate = "def area(r):\n    return 3.1416 * r * r\n"
+    reward = MBPPHiddenTestsPassed(pool=pool)
+    # Both rows' visible asserts are ones the approximation passes: only the hidden tests differ.
+    rows = {"test_list": [list(close.test_list), list(close.test_list)], "hidden_tests": [close_tests, exact_tests],
+            "entry_point": ["area", "area"]}
+    assert reward(completions=[approximate, approximate], **rows) == [1.0, 0.0]
+
+
+# -- never raising, warnings ---------------------------------------------------------------------
+
+def test_the_reward_never_raises(pool):
+    reward = MBPPHiddenTestsPassed(pool=pool)
+    tests = [["assert f(1) == 2"]] * 4
+    hidden = [["assert f(2) == 3"], [], None, "not json"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = reward(completions=["def f(x): return x + 1", "garbage ((", "def f(x): return x + 1", 3],
+                        test_list=tests, hidden_tests=hidden)
+    assert scores == [1.0, 0.0, 1.0, 0.0]
+    assert sum("no hidden tests" in str(w.message) for w in caught) == 1  # once per reward
+    with pytest.warns(UserWarning, match="no 'test_list' column"):
+        assert reward(completions=["def f(x): return x"], prompts=["p"]) == [0.0]  # no test_list at all
+    assert reward.last_scored[0].status == "internal_error"
+    fresh = MBPPHiddenTestsPassed(pool=pool)
+    with pytest.warns(UserWarning, match="no 'hidden_tests' column"):
+        assert fresh(completions=["def f(x): return x + 1"], test_list=[["assert f(1) == 2"]]) == [1.0]
+    assert fresh.last_scored[0].hardcoded is False
+
+
+# -- metrics and registration --------------------------------------------------------------------
+
+def test_hardcoded_share_is_a_row_metric():
+    rows = [Scored(0.0, "hardcoded: ...", "ok", False, True), Scored(1.0, "passed", "ok", True, False),
+            Scored(0.0, "timeout", "timeout", False, False), Scored(0.0, "internal_error: x", "internal_error", False)]
+    assert row_metrics(rows)["hardcoded_share"] == 0.25
+    assert "hardcoded_share" not in row_metrics([Scored(1.0, "passed", "ok", True)])  # other rewards
+
+
+def test_registered_and_logged_under_its_name(pool):
+    assert REWARDS["mbpp_hidden_tests"] is MBPPHiddenTestsPassed
+    assert REWARDS["mbpp_hidden_tests_fraction"] is MBPPHiddenTestsFraction
+    mixture = RewardMixture([MBPPHiddenTestsPassed(pool=pool)])
+    outcome = mixture.start(["p"], ["def f(x):\n    return 2 if x == 1 else 0\n"], test_list=[["assert f(1) == 2"]],
+                            hidden_tests=[["assert f(3) == 4"]]).result()
+    assert outcome.total == [0.0] and outcome.metrics["mbpp_hidden_tests/hardcoded_share"] == 1.0
+    assert outcome.details[0].startswith("hardcoded: hidden test 1 failed: got 0, expected 4")
+
+
+# -- the cache -----------------------------------------------------------------------------------
+
+def test_cache_round_trip_and_datamodule_column(tmp_path, monkeypatch):
+    from rlcode.data.datamodule import MBPPDataModule
+    from rlcode.data.hidden_tests import data_file, hidden_tests_by_task
+    from rlcode.rewards.hidden_build import file_sha256
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache" / "rlcode" / "hidden_tests"
+    data = tmp_path / "mbpp.jsonl"
+    data.write_text("".join(json.dumps({"task_id": i, "text": "t", "code": "def f(x): return x",
+                                        "test_list": [f"assert f({i}) == {i}"], "test_setup_code": "",
+                                        "challenge_test_list": []}) + "\n" for i in (601, 602, 603, 604)))
+    assert data_file(tmp_path) == data and hidden_tests_by_task(data) is None
+    module = MBPPDataModule(source=str(data), train_split="all", prompts_per_step=2)
+    module.setup("fit")
+    assert "hidden_tests" not in module.make_batch(module.train_tasks[:2], 0, 0)
+    digest = file_sha256(data)
+    write_cache(digest, {"generator_version": GENERATOR_VERSION, "tasks": {
+        "601": {"tests": ["assert f(7) == 7"], "reason": None}, "602": {"tests": [], "reason": "x"}}})
+    assert read_cache(digest)["tasks"]["601"]["tests"] == ["assert f(7) == 7"]
+    fresh = MBPPDataModule(source=str(data), train_split="all", prompts_per_step=2)
+    fresh.setup("fit")
+    batch = fresh.make_batch(fresh.train_tasks[:3], 0, 0)
+    assert batch["hidden_tests"] == [["assert f(7) == 7"], [], []]
+    write_cache(digest, {"generator_version": GENERATOR_VERSION - 1, "tasks": {}})
+    assert read_cache(digest) is None  # another generator's tests read as absent
