@@ -75,7 +75,7 @@ class MBPPHiddenTestsPassed(MBPPTestsPassed):
         else:
             why = f"task {row.get('task_id', '?')} has no hidden tests (the cache records why)"
         warnings.warn(f"{self.name}: {why}; such rows are scored on their visible asserts alone "
-                      "(warned once)", stacklevel=4)
+                      "(warned once)", stacklevel=3)
 
     def _score(self, judged: _Judged) -> Scored:
         verdict, visible = judged.verdict, judged.visible

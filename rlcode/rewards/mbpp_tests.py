@@ -76,7 +76,7 @@ class MBPPTestsPassed(SandboxReward):
             self._warned_missing_column = True
             warnings.warn(f"{self.name}: the rows have no 'test_list' column (columns: {', '.join(sorted(row))}), "
                           "so every completion scores 0.0; rename the dataset's test column to test_list",
-                          stacklevel=3)
+                          stacklevel=4)
 
     def _score(self, verdict: TestVerdict) -> Scored:
         return Scored(self._reward(verdict), verdict.reason, verdict.status, verdict.all_passed)
