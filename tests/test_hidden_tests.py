@@ -91,6 +91,8 @@ def test_templates_keep_the_task_own_view_and_tolerance():
     assert close.assert_for("area(3.0)", 28.27) == "assert math.isclose(area(3.0), 28.27, rel_tol=0.001)"
     assert close.assert_for("area(3.0)", "x") is None
     truth = template_of("assert not check('ab')", "check")
+    assert truth.expected == "False" and template_of("assert check('a')", "check").expected == "True"
+    assert equal.expected == "set((2,))" and flipped.expected == "5"
     assert truth.probe("check('b')") == "(not not (check('b')))"
     assert truth.assert_for("check('b')", True) == "assert check('b')"
     assert truth.assert_for("check('c')", False) == "assert not check('c')"
@@ -175,8 +177,7 @@ def _special_casing(task) -> str:
     for test in task.test_list:
         template = template_of(test, task.entry_point)
         call = template.call(template.args, template.keywords)
-        expected = test.split("==", 1)[1].strip()
-        lines.append(f"    if args == ({call[len(task.entry_point) + 1:-1]},): return {expected}")
+        lines.append(f"    if args == ({call[len(task.entry_point) + 1:-1]},): return {template.expected}")
     lines.append("    return None")
     return "\n".join(lines) + "\n"
 

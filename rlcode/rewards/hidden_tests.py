@@ -71,6 +71,7 @@ class Template:
     entry_point: str
     args: tuple  # per positional argument: ("value", v) or ("source", text)
     keywords: tuple  # (name, ("value", v) | ("source", text)) pairs
+    expected: str  # the visible assert's expected side ("True" / "False" for a truth test)
 
     def call(self, args, keywords) -> str:
         parts = [_argument_text(a) for a in args] + [f"{k}={_argument_text(v)}" for k, v in keywords]
@@ -130,6 +131,13 @@ def template_of(test: str, entry_point: str) -> Template:
     if not any(kind == "value" for kind, _ in (*args, *(v for _, v in keywords))):
         raise NoTemplate(NO_LITERAL_ARGUMENTS, f"no literal argument in {test[:80]!r}")
     form, got, expected = _split(expression, call)
+    if expected is not None:
+        expected_text = ast.unparse(expected)
+    else:  # a truth test holds when its `not`s are even
+        node, negations = expression, 0
+        while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node, negations = node.operand, negations + 1
+        expected_text = str(negations % 2 == 0)
     shape = copy.deepcopy(expression)
     # The same walk order in the copy finds the same nodes: swap them for placeholders.
     nodes = list(ast.walk(expression))
@@ -139,7 +147,7 @@ def template_of(test: str, entry_point: str) -> Template:
     expected_copy = copied[nodes.index(expected)] if expected is not None else None
     got_text = _unparse_replacing(got_copy, {id(call_copy): _CALL})
     test_text = "assert " + _unparse_replacing(shape, {id(call_copy): _CALL, id(expected_copy): _EXPECTED})
-    return Template(form, test_text, got_text, entry_point, args, keywords)
+    return Template(form, test_text, got_text, entry_point, args, keywords, expected_text)
 
 
 def _split(expression: ast.expr, call: ast.Call) -> tuple[str, ast.expr, ast.expr | None]:
