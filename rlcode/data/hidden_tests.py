@@ -72,8 +72,10 @@ def summary(cache: dict) -> dict:
     reasons = Counter(entry["reason"] for entry in cache["tasks"].values() if not entry["tests"])
     middle = len(counts) // 2
     median = (counts[middle] if len(counts) % 2 else (counts[middle - 1] + counts[middle]) / 2) if counts else 0
+    some = [count for count in counts if count]
     return {"tasks": len(counts), "tests": sum(counts), "median_per_task": median,
             "min_per_task": counts[0] if counts else 0, "max_per_task": counts[-1] if counts else 0,
+            "min_per_task_with_tests": some[0] if some else 0,
             "tasks_without": sum(reasons.values()), "without_by_reason": dict(sorted(reasons.items()))}
 
 
