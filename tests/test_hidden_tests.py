@@ -315,3 +315,26 @@ def test_cache_round_trip_and_datamodule_column(tmp_path, monkeypatch):
     assert batch["hidden_tests"] == [["assert f(7) == 7"], [], []]
     write_cache(digest, {"generator_version": GENERATOR_VERSION - 1, "tasks": {}})
     assert read_cache(digest) is None  # another generator's tests read as absent
+
+
+def test_grpo_hands_the_hidden_tests_column_to_its_rewards():
+    """The DataModule's column reaches the reward functions through the GRPO step (each prompt's
+    tests repeated for each of its completions)."""
+    from types import SimpleNamespace
+
+    from rlcode.modes import GRPO
+
+    seen = {}
+
+    def recording(prompts, completions, **columns):
+        seen.update(columns)
+        return [0.0] * len(completions)
+
+    mode = GRPO(rewards=["execution"], num_generations=2)
+    mode.reward_mixture = RewardMixture([recording])
+    learner = SimpleNamespace(render=lambda prompt: prompt, global_step=0,
+                              generate=lambda prompts, group, seed: SimpleNamespace(completion_texts=["a"] * 4))
+    batch = {"prompt": ["p", "q"], "task_id": [1, 2], "test_list": [["assert f(1) == 1"]] * 2,
+             "hidden_tests": [["assert f(2) == 2"], []]}
+    mode._groups(learner, batch, seed=0).job.result()
+    assert seen["hidden_tests"] == [["assert f(2) == 2"], ["assert f(2) == 2"], [], []]
