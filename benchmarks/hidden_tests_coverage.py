@@ -10,6 +10,10 @@ text goes into the results file.
              None ("none") or the first visible expected value ("first"); how many pass the visible
              asserts (mbpp_tests 1.0) and how many of those mbpp_hidden_tests flags ``hardcoded``
   reference  reference solutions scoring 1.0 under mbpp_tests and under mbpp_hidden_tests
+  alternatives  the sanitized MBPP file's solutions where they differ from the full file's (92
+             tasks): of those passing the full task's visible asserts, how many pass its hidden
+             tests too (the others are flagged ``hardcoded``: an alternative that is wrong on an
+             input no assert shows, or a correct one judged on an input outside the task's domain)
   cost       seconds to score every reference solution with each reward on one pool (the median
              of 3 alternated runs), and the ratio
 
@@ -54,6 +58,29 @@ def special_casing(task, fallback: str) -> str | None:
     lines.append(f"    return {found[0].expected if fallback == 'first' else 'None'}")
     lines.append("def _args(*args, **kwargs):\n    return args, kwargs")
     return "\n".join(lines) + "\n"
+
+
+def alternatives(path, tasks, hidden: dict, visible, judged) -> dict:
+    """The sanitized file's differing solutions against the full tasks' visible and hidden tests."""
+    try:
+        other = {t.task_id: t.code for t in load_mbpp(path, split="all", variant="sanitized")}
+    except Exception:  # no sanitized file beside the full one
+        return {}
+    same = [t for t in tasks if t.task_id in other and _normal(other[t.task_id]) != _normal(t.code)]
+    if not same:
+        return {"programs": 0}
+    batch = rows(same, hidden)
+    codes = [other[t.task_id] for t in same]
+    passed_visible = visible(completions=codes, **batch)
+    passed_all = judged(completions=codes, **batch)
+    passing = sum(v == 1.0 for v in passed_visible)
+    return {"programs": len(same), "pass_visible": passing,
+            "pass_visible_and_hidden": sum(v == 1.0 and h == 1.0 for v, h in zip(passed_visible, passed_all)),
+            "flagged_hardcoded": sum(bool(s.hardcoded) for s in judged.last_scored)}
+
+
+def _normal(code: str) -> str:
+    return code.replace("\r\n", "\n").strip()
 
 
 def rows(tasks, hidden: dict) -> dict:
@@ -101,6 +128,8 @@ def main() -> int:
             caught = sum(f and v == 1.0 for f, v in zip(flagged, passed_visible))
             record["catch"][fallback] = {"programs": len(kept), "pass_visible": passing, "flagged_hardcoded": caught,
                                          "flagged_share": round(caught / passing, 4) if passing else None}
+
+        record["alternatives"] = alternatives(path, with_hidden, hidden, visible, judged)
 
         references = [t.code for t in with_hidden]
         timings = {"mbpp_tests": {"runs": []}, "mbpp_hidden_tests": {"runs": []}}

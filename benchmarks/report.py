@@ -266,6 +266,8 @@ def hidden_tests_coverage(fig: Figures) -> None:
     for fallback in fig.get("catch"):
         fig.pair(f"special-casing programs ({fallback} otherwise): flagged hardcoded / passing the visible asserts",
                  ("catch", fallback, "flagged_hardcoded"), ("catch", fallback, "pass_visible"), " / ")
+    fig.pair("sanitized MBPP's differing solutions: passing the hidden tests too / passing the visible asserts",
+             ("alternatives", "pass_visible_and_hidden"), ("alternatives", "pass_visible"), " / ")
     for name in fig.get("reference"):
         fig.pair(f"reference solutions passing {name} / scored", ("reference", name, "passed"),
                  ("reference", name, "scored"), " / ")

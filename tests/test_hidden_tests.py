@@ -182,6 +182,16 @@ def _special_casing(task) -> str:
     return "\n".join(lines) + "\n"
 
 
+def test_a_task_the_generator_cannot_read_costs_that_task_alone(pool):
+    from rlcode.rewards.hidden_build import build
+
+    odd = Task(1, "def f(x): return x", (None,), entry_point="f")
+    fine = Task(2, "def f(x): return x", ("assert f(3) == 3",), entry_point="f")
+    cache = build(pool, [odd, fine])
+    assert cache["tasks"]["1"] == {"tests": [], "reason": "generator_error"}
+    assert cache["tasks"]["2"]["tests"] and cache["generator_version"] == GENERATOR_VERSION
+
+
 def test_mbpp_tasks_get_hidden_tests_or_a_reason(built):
     for task_id in (3, 11, 17):
         tests, reason = built[task_id]

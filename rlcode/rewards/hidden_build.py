@@ -30,8 +30,8 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlcode.rewards.hidden_tests import (MAX_HIDDEN, NO_NEW_INPUTS, REFERENCE_REJECTED, SANDBOX_ERROR,
-                                         candidate_inputs, seed_for, templates)
+from rlcode.rewards.hidden_tests import (GENERATOR_ERROR, MAX_HIDDEN, NO_NEW_INPUTS, REFERENCE_REJECTED,
+                                         SANDBOX_ERROR, candidate_inputs, seed_for, templates)
 from rlcode.sandbox import Program, Status, plain_data
 from rlcode.sandbox.verdict import check_against_tests
 
@@ -84,10 +84,19 @@ def build(pool, tasks, seed: int = 0, threads: int = 8) -> dict:
     """Hidden tests of every task, as the cache holds them (``data_sha256`` is the caller's to add).
     ``threads``: tasks in flight (each waits on the pool most of its time)."""
     with ThreadPoolExecutor(threads) as executor:
-        built = list(executor.map(lambda task: build_task(pool, task, seed), tasks))
+        built = list(executor.map(lambda task: _guarded(pool, task, seed), tasks))
     return {"generator_version": GENERATOR_VERSION, "seed": seed, "max_per_task": MAX_HIDDEN,
             "tasks": {str(task.task_id): {"tests": tests, "reason": reason}
                       for task, (tests, reason) in zip(tasks, built)}}
+
+
+def _guarded(pool, task, seed: int) -> tuple[list[str], str | None]:
+    """One task's tests; a task the generator cannot handle (a bug, an odd record) costs that task
+    alone, never the build."""
+    try:
+        return build_task(pool, task, seed)
+    except Exception:
+        return [], GENERATOR_ERROR
 
 
 def build_task(pool, task, seed: int = 0) -> tuple[list[str], str | None]:

@@ -50,7 +50,8 @@ NO_LITERAL_ARGUMENTS = "no_literal_arguments"  # every argument is a name bound 
 NO_NEW_INPUTS = "no_new_inputs"  # mutation found nothing new (no arguments, or only None)
 REFERENCE_REJECTED = "reference_rejected_all"  # the reference raised, timed out or was not
 # deterministic on every new input, or its values were not plain data
-SANDBOX_ERROR = "sandbox_error"
+SANDBOX_ERROR = "sandbox_error"  # the pool refused or failed the reference's execution
+GENERATOR_ERROR = "generator_error"  # this module raised on the task (a record it cannot read)
 
 
 class NoTemplate(ValueError):
