@@ -96,8 +96,10 @@ def test_templates_keep_the_task_own_view_and_tolerance():
     assert truth.probe("check('b')") == "(not not (check('b')))"
     assert truth.assert_for("check('b')", True) == "assert check('b')"
     assert truth.assert_for("check('c')", False) == "assert not check('c')"
-    arithmetic = template_of("assert p(10, 1.0/3) == 0.5", "p")
-    assert arithmetic.args == (("value", 10), ("value", 1.0 / 3))
+    arithmetic = template_of("assert p(10, 1.0/3, [0]*3) == 0.5", "p")
+    assert arithmetic.args == (("value", 10), ("value", 1.0 / 3), ("value", [0, 0, 0]))
+    unevaluated = template_of("assert p(1, 10**10**10, [0]*10000000, 1e400) == 0.5", "p")
+    assert unevaluated.args[1:] == (("source", "10 ** 10 ** 10"), ("source", "[0] * 10000000"), ("source", "1e309"))
 
 
 @pytest.mark.parametrize("test, reason", [

@@ -40,9 +40,11 @@ from rlcode.sandbox.asserts import AssertParseError, parse_assert
 
 MAX_HIDDEN = 10  # kept per task: 13 asserts per execution instead of 3
 MAX_EXPECTED_CHARS = 1000  # an expected value's literal; longer ones are dropped (a verdict holds them)
+MAX_ARGUMENT_CHARS = 4000  # an argument's literal (MBPP's longest assert is under 2,000 characters)
+_LARGEST_FACTOR = 10 ** 6  # constant arithmetic in an asserted argument: no huge products or powers
 _CALL, _EXPECTED = "__rlcode_hidden_call__", "__rlcode_hidden_expected__"  # placeholders in templates
 _CONSTANT_NODES = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.List, ast.Tuple, ast.Set,
-                   ast.Dict, ast.Load, ast.operator, ast.unaryop)
+                   ast.Dict, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.unaryop)
 
 # Why a task has no hidden tests (the cache records one per such task; the coverage counts them).
 UNSUPPORTED_ASSERT = "unsupported_assert"  # not ==, isclose or a truth test of one call
@@ -182,33 +184,45 @@ def _unparse_replacing(node: ast.AST, replacements: dict[int, str]) -> str:
 
 
 def _argument(node: ast.expr):
-    """("value", v) for a literal or constant arithmetic, else ("source", its text)."""
+    """("value", v) for a literal or constant arithmetic whose value has a literal form, else
+    ("source", its text): kept as written in every hidden test."""
     try:
-        return "value", ast.literal_eval(node)
+        value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        pass
-    if all(isinstance(n, _CONSTANT_NODES) for n in ast.walk(ast.Expression(node))):
-        try:  # MBPP's own text: 1.0/3, 14*14, [0]*5
-            value = eval(compile(ast.Expression(node), "<argument>", "eval"), {"__builtins__": {}})
-            if literal_text(value) is not None:
-                return "value", value
-        except Exception:
-            pass
+        value = _constant_arithmetic(node)
+    if value is not _NOT_CONSTANT and literal_text(value, MAX_ARGUMENT_CHARS) is not None:
+        return "value", value
     return "source", ast.unparse(node)
+
+
+_NOT_CONSTANT = object()
+
+
+def _constant_arithmetic(node: ast.expr):
+    """MBPP's own argument text such as ``1.0/3``, ``14*14``, ``[0]*5``: +, -, *, / , //, % over
+    constants and displays, factors at most _LARGEST_FACTOR (no power: ``10**10**10``)."""
+    nodes = list(ast.walk(ast.Expression(node)))
+    if not all(isinstance(n, _CONSTANT_NODES) for n in nodes) or any(
+            isinstance(n, ast.Constant) and type(n.value) is int and abs(n.value) > _LARGEST_FACTOR for n in nodes):
+        return _NOT_CONSTANT
+    try:
+        return eval(compile(ast.Expression(node), "<argument>", "eval"), {"__builtins__": {}})
+    except Exception:
+        return _NOT_CONSTANT
 
 
 def _argument_text(argument) -> str:
     kind, value = argument
-    return value if kind == "source" else literal_text(value)
+    return value if kind == "source" else literal_text(value, MAX_ARGUMENT_CHARS)
 
 
 _LITERAL_TYPES = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set)
 
 
-def literal_text(value) -> str | None:
+def literal_text(value, limit: int = MAX_EXPECTED_CHARS) -> str | None:
     """The value's literal (``repr``, set items sorted) when it reads back as an equal value of the
-    same types (``ast.literal_eval``, which the parent's evaluator covers) and is at most
-    MAX_EXPECTED_CHARS; else None (non-finite floats, ints beyond the int/str limit, frozensets,
+    same types (``ast.literal_eval``, which the parent's evaluator covers) and is at most ``limit``
+    characters; else None (non-finite floats, ints beyond the int/str limit, frozensets,
     decimals, objects)."""
     if not _plain(value, 0):
         return None
@@ -216,7 +230,7 @@ def literal_text(value) -> str | None:
         text = _render(value)
     except ValueError:  # an int beyond the int/str conversion limit
         return None
-    if len(text) > MAX_EXPECTED_CHARS:
+    if len(text) > limit:
         return None
     try:
         back = ast.literal_eval(text)
@@ -286,7 +300,7 @@ def candidate_inputs(found: list[Template], rng: random.Random, count: int) -> l
             value = original
             for _ in range(rng.choice((1, 1, 2, 3))):
                 value = mutate(value, rng, pool)
-            if size(value) > size_bound(original) or literal_text(value) is None:
+            if size(value) > size_bound(original) or literal_text(value, MAX_ARGUMENT_CHARS) is None:
                 break
             if where == "arg":
                 args[i] = ("value", value)
