@@ -42,10 +42,7 @@ class MBPPHiddenTestsPassed(MBPPTestsPassed):
     name = "mbpp_hidden_tests"
     success_label = "passed_hidden"
     success_meaning = "programs that passed every MBPP test and every hidden test"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._warned_no_hidden = False
+    _warned_no_hidden = False  # set on the instance at its first row without hidden tests
 
     def _submit(self, completion, row: dict, tags: dict[str, str]) -> Future:
         visible = self._visible_tests(row)
