@@ -20,8 +20,9 @@ import pytest
 from rlcode.rewards import REWARDS, MBPPHiddenTestsFraction, MBPPHiddenTestsPassed, MBPPTestsPassed
 from rlcode.rewards.base import Scored, row_metrics
 from rlcode.rewards.hidden_build import build_task, cache_dir, read_cache, write_cache, GENERATOR_VERSION
-from rlcode.rewards.hidden_tests import (NO_LITERAL_ARGUMENTS, UNSUPPORTED_ASSERT, NoTemplate,
-                                         candidate_inputs, literal_text, seed_for, template_of, templates)
+from rlcode.rewards.hidden_inputs import candidate_inputs, seed_for
+from rlcode.rewards.hidden_tests import (NO_LITERAL_ARGUMENTS, UNSUPPORTED_ASSERT, NoTemplate, literal_text,
+                                         template_of, templates)
 from rlcode.rewards.mixture import RewardMixture
 from rlcode.rewards.mutation import mutate, size, size_bound
 from rlcode.sandbox import SandboxPool
@@ -130,6 +131,18 @@ def test_inputs_are_deterministic_for_a_seed_and_new():
     assert first != _calls(1)
     assert len(set(first)) == len(first)
     assert not {"words({'b', 'a'}, ['x', 'yy'], 3)", "words({'c'}, ['zz'], 5)"} & set(first)
+
+
+def test_a_length_argument_follows_its_sequence():
+    """``f(arr, n)`` with n == len(arr) in every assert: n is set to the new length, never mutated."""
+    found, _ = templates(["assert f([1, 2, 3], 3, 7) == 1", "assert f([4, 5], 2, 9) == 2"], "f")
+    calls = [call for _, call in candidate_inputs(found, random.Random(0), 30)]
+    assert len(calls) == 30
+    for call in calls:
+        items, n, _ = eval(call.replace("f(", "(", 1))
+        assert n == len(items)
+    written, _ = templates(["assert f([P(1), P(2)], 2, 5) == 1", "assert f([P(3)], 1, 6) == 2"], "f")
+    assert all(", 2, " in call or ", 1, " in call for _, call in candidate_inputs(written, random.Random(0), 10))
 
 
 def test_inputs_do_not_depend_on_the_process_string_hashes():

@@ -30,8 +30,9 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlcode.rewards.hidden_inputs import candidate_inputs, seed_for
 from rlcode.rewards.hidden_tests import (GENERATOR_ERROR, MAX_HIDDEN, NO_NEW_INPUTS, REFERENCE_REJECTED,
-                                         SANDBOX_ERROR, candidate_inputs, seed_for, templates)
+                                         SANDBOX_ERROR, templates)
 from rlcode.sandbox import Program, Status, plain_data
 from rlcode.sandbox.verdict import check_against_tests
 

@@ -1,5 +1,5 @@
 """Hidden tests for a task: new inputs by type-aware mutation of its asserted ones, expected outputs
-from its reference solution, written as asserts in the form of the task's own.
+from its reference solution, written as asserts in the form of the task's own: the templates.
 
 A task's prompt shows its asserts, and a reward that runs only those pays a program that returns
 the asserted values for the asserted inputs. EvalPlus (MBPP+, HumanEval+) adds tests the model
@@ -11,11 +11,10 @@ never saw; this is its method, scaled down:
    and ``E`` is the expected side. The call's arguments are literal values (constant arithmetic
    such as ``1.0/3`` is evaluated); a non-literal argument (a name the setup code binds) is kept
    as it is, and a call with no literal argument gives no template.
-2. Inputs: ``rlcode.rewards.mutation`` mutates one or more literal arguments of a template, in
-   turn over the templates, with the other asserts' values at the same place as its pool; inputs
-   larger than ``size_bound`` or equal to an asserted one are skipped. Deterministic for a seed,
-   derived from the task id and the build's global seed.
-3. The reference solution computes ``G`` for each input in the sandbox (``build.py``); inputs where
+2. Inputs: ``rlcode.rewards.hidden_inputs`` mutates literal arguments of the templates
+   (``rlcode.rewards.mutation``), deterministically for a seed derived from the task id and the
+   build's global seed.
+3. The reference solution computes ``G`` for each input in the sandbox (``hidden_build``); inputs where
    it raises, times out, or whose value is not plain data with a literal form are dropped. The
    hidden test is the template with the new call and the reference's value as ``E`` (truth tests:
    ``G`` or ``not G`` by the reference's truth value), so the tolerance is the task's own: an
@@ -30,12 +29,9 @@ from __future__ import annotations
 
 import ast
 import copy
-import hashlib
 import math
-import random
 from dataclasses import dataclass
 
-from rlcode.rewards.mutation import mutate, size, size_bound
 from rlcode.sandbox.asserts import AssertParseError, parse_assert
 
 MAX_HIDDEN = 10  # kept per task: 13 asserts per execution instead of 3
@@ -75,6 +71,7 @@ class Template:
     args: tuple  # per positional argument: ("value", v) or ("source", text)
     keywords: tuple  # (name, ("value", v) | ("source", text)) pairs
     expected: str  # the visible assert's expected side ("True" / "False" for a truth test)
+    lengths: tuple = ()  # per positional argument: its length when a sized literal or a display
 
     def call(self, args, keywords) -> str:
         parts = [_argument_text(a) for a in args] + [f"{k}={_argument_text(v)}" for k, v in keywords]
@@ -98,12 +95,6 @@ class Template:
         if text is None:
             return None
         return self.test.replace(_CALL, call).replace(_EXPECTED, text)
-
-
-def seed_for(task_id, global_seed: int) -> int:
-    """A task's mutation seed: the same on every machine and Python process (not ``hash()``)."""
-    digest = hashlib.sha256(f"{global_seed}:{task_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
 
 
 def templates(tests, entry_point: str) -> tuple[list[Template], str | None]:
@@ -150,7 +141,10 @@ def template_of(test: str, entry_point: str) -> Template:
     expected_copy = copied[nodes.index(expected)] if expected is not None else None
     got_text = _unparse_replacing(got_copy, {id(call_copy): _CALL})
     test_text = "assert " + _unparse_replacing(shape, {id(call_copy): _CALL, id(expected_copy): _EXPECTED})
-    return Template(form, test_text, got_text, entry_point, args, keywords, expected_text)
+    lengths = tuple(len(value) if kind == "value" and isinstance(value, (str, list, tuple, dict, set))
+                    else len(node.elts) if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else None
+                    for (kind, value), node in zip(args, call.args))
+    return Template(form, test_text, got_text, entry_point, args, keywords, expected_text, lengths)
 
 
 def _split(expression: ast.expr, call: ast.Call) -> tuple[str, ast.expr, ast.expr | None]:
@@ -277,55 +271,3 @@ def _same_types(a, b) -> bool:
     if type(a) is dict:
         return all(_same_types(a[k], b[k]) for k in a)
     return True
-
-
-def candidate_inputs(found: list[Template], rng: random.Random, count: int) -> list[tuple[Template, str]]:
-    """Up to ``count`` new calls (template, call text), in generation order, none equal to an
-    asserted call or to one another."""
-    seen = {t.call(t.args, t.keywords) for t in found}
-    pools = _pools(found)
-    result: list[tuple[Template, str]] = []
-    for attempt in range(count * 10):
-        if len(result) >= count:
-            break
-        index = attempt % len(found)
-        template = found[index]
-        places = [("arg", i) for i, (kind, _) in enumerate(template.args) if kind == "value"]
-        places += [("kw", i) for i, (_, (kind, _)) in enumerate(template.keywords) if kind == "value"]
-        chosen = [p for p in places if rng.random() < 0.5] or [rng.choice(places)]
-        args, keywords = list(template.args), list(template.keywords)
-        for where, i in chosen:
-            original = args[i][1] if where == "arg" else keywords[i][1][1]
-            pool = [v for v in pools.get((index, where, i), ()) if v != original]
-            value = original
-            for _ in range(rng.choice((1, 1, 2, 3))):
-                value = mutate(value, rng, pool)
-            if size(value) > size_bound(original) or literal_text(value, MAX_ARGUMENT_CHARS) is None:
-                break
-            if where == "arg":
-                args[i] = ("value", value)
-            else:
-                keywords[i] = (keywords[i][0], ("value", value))
-        else:
-            call = template.call(args, keywords)
-            if call not in seen:
-                seen.add(call)
-                result.append((template, call))
-    return result
-
-
-def _pools(found: list[Template]) -> dict[tuple, list]:
-    """Per (template, place): the values other templates with the same signature pass there."""
-    pools: dict[tuple, list] = {}
-    for index, template in enumerate(found):
-        signature = (len(template.args), tuple(k for k, _ in template.keywords))
-        for other in found:
-            if (len(other.args), tuple(k for k, _ in other.keywords)) != signature:
-                continue
-            for i, (kind, value) in enumerate(other.args):
-                if kind == "value":
-                    pools.setdefault((index, "arg", i), []).append(value)
-            for i, (_, (kind, value)) in enumerate(other.keywords):
-                if kind == "value":
-                    pools.setdefault((index, "kw", i), []).append(value)
-    return pools
