@@ -273,6 +273,22 @@ def test_the_float_tolerance_comes_from_the_asserts(pool):
     assert reward(completions=[approximate, approximate], **rows) == [1.0, 0.0]
 
 
+def test_truth_tests_become_truth_tests(pool):
+    """Bare truth asserts give ``assert f(x)`` / ``assert not f(x)`` by the reference's truth value:
+    a program returning a truthy non-bool passes them as it passes the visible ones."""
+    task = Task(3, "def even(n):\n    return n % 2 == 0\n", ("assert even(4)", "assert not even(7)", "assert even(10)"),
+                entry_point="even")
+    tests, reason = build_task(pool, task)
+    assert reason is None and tests
+    assert {test.startswith("assert not ") for test in tests} == {True, False}
+    truthy = "def even(n):\n    return 'yes' if n % 2 == 0 else ''\n"
+    cheat = "def even(n):\n    return n in (4, 10)\n"
+    rows = {"test_list": [list(task.test_list)] * 3, "hidden_tests": [tests] * 3}
+    reward = MBPPHiddenTestsPassed(pool=pool)
+    assert reward(completions=[task.code, truthy, cheat], **rows) == [1.0, 1.0, 0.0]
+    assert [item.hardcoded for item in reward.last_scored] == [False, False, True]
+
+
 # -- never raising, warnings ---------------------------------------------------------------------
 
 def test_the_reward_never_raises(pool):
