@@ -379,3 +379,30 @@ def test_grpo_hands_the_hidden_tests_column_to_its_rewards():
              "hidden_tests": [["assert f(2) == 2"], []]}
     mode._groups(learner, batch, seed=0).job.result()
     assert seen["hidden_tests"] == [["assert f(2) == 2"], ["assert f(2) == 2"], [], []]
+
+
+def test_the_flag_reaches_the_step_record_and_the_rollout_rows(pool):
+    """From the reward's Scored rows to StepRecord.hardcoded to rollouts.jsonl's rows; a step
+    without a hidden-test reward adds no key."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rlcode.callbacks.rollout_logging import sample_rows
+    from rlcode.training.experience import CompletionGroups
+
+    def step(functions):
+        completions = ["def f(x):\n    return 2\n", "def f(x):\n    return x + 1\n"]
+        outcome = RewardMixture(functions).start(["p", "p"], completions, test_list=[["assert f(1) == 2"]] * 2,
+                                                 hidden_tests=[["assert f(5) == 6"]] * 2).result()
+        rollout = SimpleNamespace(completion_texts=completions, completion_mask=torch.ones(2, 3),
+                                  truncated=torch.zeros(2, dtype=torch.bool))
+        groups = CompletionGroups(rollout, ["p"], [601], 2, None, outcome)
+        return groups.record(step=0, advantages=torch.zeros(2), updated=True, loss={},
+                             totals=SimpleNamespace(metrics=dict), frac_zero_std=0.0, timings={}, extra_metrics={})
+
+    record = step([MBPPTestsPassed(pool=pool), MBPPHiddenTestsPassed(pool=pool)])
+    assert record.hardcoded == [True, False]
+    assert [row["hardcoded"] for row in sample_rows(record, 2)] == [True, False]
+    plain = step([MBPPTestsPassed(pool=pool)])
+    assert plain.hardcoded == [] and "hardcoded" not in sample_rows(plain, 2)[0]

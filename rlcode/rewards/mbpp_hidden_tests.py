@@ -8,7 +8,8 @@ values for the asserted inputs. These rewards also run the task's hidden tests (
 visible ones (``check_against_tests``: no expected value enters the candidate's process). A
 completion that passes every visible assert and fails a hidden one is flagged ``hardcoded``: in its
 ``Scored``, in its verdict (``hardcoded: hidden test 2 failed: ...``, the rollout tables' verdict
-when this is the first reward) and in the step's ``reward/<name>/hardcoded_share``.
+when this is the first reward), in the rollout rows' ``hardcoded`` (``StepRecord.hardcoded``) and in
+the step's ``reward/<name>/hardcoded_share``.
 
 A row without hidden tests (no column: the cache was not built; an empty list: nothing could be
 generated for the task) is scored on its visible asserts alone, with one warning per reward.
