@@ -329,6 +329,14 @@ def test_registered_and_logged_under_its_name(pool):
     assert outcome.details[0].startswith("hardcoded: hidden test 1 failed: got 0, expected 4")
 
 
+def test_a_program_too_slow_for_the_hidden_inputs_is_not_flagged(pool):
+    """Out of time after passing the shown asserts: slow, not special-casing (scored 0 all the same)."""
+    reward = MBPPHiddenTestsPassed(pool=pool, timeout=1.0)
+    slow = "import time\ndef f(x):\n    if x != 1:\n        time.sleep(30)\n    return x + 1\n"
+    assert reward(completions=[slow], test_list=[["assert f(1) == 2"]], hidden_tests=[["assert f(3) == 4"]]) == [0.0]
+    assert reward.last_scored[0].status == "timeout" and reward.last_scored[0].hardcoded is False
+
+
 # -- the cache -----------------------------------------------------------------------------------
 
 def test_cache_round_trip_and_datamodule_column(tmp_path, monkeypatch):

@@ -6,10 +6,10 @@ values for the asserted inputs. These rewards also run the task's hidden tests (
 ``hidden_tests`` column: asserts on new inputs with the reference solution's outputs, made by
 ``rlcode.rewards.hidden_build``) in the same execution, judged by the trusted parent exactly as the
 visible ones (``check_against_tests``: no expected value enters the candidate's process). A
-completion that passes every visible assert and fails a hidden one is flagged ``hardcoded``: in its
-``Scored``, in its verdict (``hardcoded: hidden test 2 failed: ...``, the rollout tables' verdict
-when this is the first reward), in the rollout rows' ``hardcoded`` (``StepRecord.hardcoded``) and in
-the step's ``reward/<name>/hardcoded_share``.
+completion that passes every visible assert and, running to its end, fails a hidden one is flagged
+``hardcoded``: in its ``Scored``, in its verdict (``hardcoded: hidden test 2 failed: ...``, the
+rollout tables' verdict when this is the first reward), in the rollout rows' ``hardcoded``
+(``StepRecord.hardcoded``) and in the step's ``reward/<name>/hardcoded_share``.
 
 A row without hidden tests (no column: the cache was not built; an empty list: nothing could be
 generated for the task) is scored on its visible asserts alone, with one warning per reward.
@@ -22,6 +22,7 @@ from concurrent.futures import Future
 
 from rlcode.rewards.base import Scored
 from rlcode.rewards.mbpp_tests import MBPPTestsPassed, assert_strings
+from rlcode.sandbox import Status
 from rlcode.sandbox.verdict import REASON_CHARS, TestVerdict, check_against_tests
 
 COLUMN = "hidden_tests"
@@ -78,7 +79,10 @@ class MBPPHiddenTestsPassed(MBPPTestsPassed):
     def _score(self, judged: _Judged) -> Scored:
         verdict, visible = judged.verdict, judged.visible
         shown, hidden = verdict.passed[:visible], verdict.passed[visible:]
-        hardcoded = len(shown) == visible and all(shown) and bool(hidden) and not all(hidden)
+        # Answers, not time: a program that ran out of time (or memory) on the hidden inputs after
+        # passing the shown ones is slow, not special-casing (MBPP task 123's own reference).
+        hardcoded = len(shown) == visible and all(shown) and bool(hidden) and not all(hidden) \
+            and verdict.status == Status.OK.value
         reason = verdict.reason
         if hardcoded:
             first = visible + hidden.index(False)
