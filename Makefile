@@ -107,6 +107,13 @@ bench: setup
 	$(PY) benchmarks/sandbox_throughput.py
 	$(PY) benchmarks/step_throughput.py
 
+# The hidden tests of every MBPP task (rewards mbpp_hidden_tests, mbpp_hidden_tests_fraction), built
+# in the sandbox from the reference solutions into the user's cache (a few minutes on 2 cores);
+# derived from MBPP's text, so never committed. MBPP_DATASET_PATH names the file.
+.PHONY: hidden-tests
+hidden-tests: setup
+	$(PY) -m rlcode.data.hidden_tests --build
+
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) $(DEVICE_STACK_VENV) $(VLLM_VENV) .device-wheels runs lightning_logs .pytest_cache
 

@@ -253,6 +253,29 @@ def protocol(fig: Figures) -> None:
         fig.add("reserved seed", "reserved", i)
 
 
+def hidden_tests_coverage(fig: Figures) -> None:
+    _run_record(fig)
+    fig.add("tasks", "coverage", "tasks")
+    fig.add("build seconds", "build_seconds")
+    fig.add("hidden tests per task: median", "coverage", "median_per_task")
+    fig.add("hidden tests per task: minimum", "coverage", "min_per_task")
+    fig.add("hidden tests per task: minimum among tasks with any", "coverage", "min_per_task_with_tests")
+    fig.add("tasks without hidden tests", "coverage", "tasks_without")
+    for reason in fig.get("coverage", "without_by_reason"):
+        fig.add(f"without hidden tests: {reason}", "coverage", "without_by_reason", reason)
+    for fallback in fig.get("catch"):
+        fig.pair(f"special-casing programs ({fallback} otherwise): flagged hardcoded / passing the visible asserts",
+                 ("catch", fallback, "flagged_hardcoded"), ("catch", fallback, "pass_visible"), " / ")
+    fig.pair("sanitized MBPP's differing solutions: passing the hidden tests too / passing the visible asserts",
+             ("alternatives", "pass_visible_and_hidden"), ("alternatives", "pass_visible"), " / ")
+    for name in fig.get("reference"):
+        fig.pair(f"reference solutions passing {name} / scored", ("reference", name, "passed"),
+                 ("reference", name, "scored"), " / ")
+    fig.pair("seconds to score the references, mbpp_tests -> mbpp_hidden_tests", ("cost", "seconds", "mbpp_tests"),
+             ("cost", "seconds", "mbpp_hidden_tests"))
+    fig.add("mbpp_hidden_tests / mbpp_tests, seconds", "cost", "ratio_hidden_vs_visible")
+
+
 # (file name prefix, script, headline figures), the first matching prefix wins.
 FAMILIES = [
     ("step_throughput_", "step_throughput.py", step_throughput),
@@ -272,6 +295,7 @@ FAMILIES = [
     ("code_game_predictor_skill_", "code_game_vs_model.py (the predictor alone)", code_game_predictor_skill),
     ("code_game_vs_model_", "code_game_vs_model.py", code_game_vs_model),
     ("predictor_speed_", "predictor_speed.py", predictor_speed),
+    ("hidden_tests_coverage_", "hidden_tests_coverage.py", hidden_tests_coverage),
 ]
 
 

@@ -38,6 +38,8 @@ def sample_rows(record: StepRecord, count: int) -> list[dict]:
             "advantage": record.advantages[index],
             "verdict": record.details[index] if index < len(record.details) else "",
             "truncated": record.truncated[index],
+            # with a hidden-test reward: passed the shown asserts only (special-cased them)
+            **({"hardcoded": record.hardcoded[index]} if record.hardcoded else {}),
         })
     return rows
 
@@ -72,8 +74,9 @@ class RolloutLogging(L.Callback):
                 handle.write(json.dumps(row) + "\n")
         for logger in trainer.loggers:
             if hasattr(logger, "log_table") and not record.episodes:  # WandbLogger
-                logger.log_table(key="rollouts", columns=list(COLUMNS),
-                                 data=[[row[c] for c in COLUMNS] for row in rows], step=record.step)
+                columns = [*COLUMNS, "hardcoded"] if record.hardcoded else list(COLUMNS)
+                logger.log_table(key="rollouts", columns=columns,
+                                 data=[[row.get(c) for c in columns] for row in rows], step=record.step)
 
 
 def _every_rank(trainer, rows: list[dict]) -> list[dict]:

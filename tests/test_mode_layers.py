@@ -18,6 +18,10 @@ ABOVE = {
     "modes": ("rlcode.callbacks", "rlcode.cli"),
     # loading, adapters, sharding and plain weights: what rollouts, training and the CLI build on
     "models": ("rlcode.rollout", "rlcode.training", "rlcode.modes", "rlcode.callbacks", "rlcode.cli"),
+    # rewards (hidden tests' generator and cache included) sit on the sandbox alone: the data layer
+    # hands them their columns
+    "rewards": ("rlcode.data", "rlcode.rollout", "rlcode.logprobs", "rlcode.envs", "rlcode.eval",
+                "rlcode.training", "rlcode.modes", "rlcode.callbacks", "rlcode.cli"),
 }
 
 

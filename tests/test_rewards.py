@@ -247,7 +247,8 @@ def test_a_test_column_of_another_name_warns_once_naming_the_columns():
 
 
 def test_registry():
-    assert set(REWARDS) == {"execution", "mbpp_tests", "mbpp_tests_fraction"}
+    assert set(REWARDS) == {"execution", "mbpp_tests", "mbpp_tests_fraction", "mbpp_hidden_tests",
+                            "mbpp_hidden_tests_fraction"}
     reward = build_reward("mbpp_tests_fraction", pool=RecordingPool())
     assert reward.__name__ == "mbpp_tests_fraction"
     with pytest.raises(ValueError, match="unknown reward"):

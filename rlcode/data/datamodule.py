@@ -1,7 +1,8 @@
 """The MBPP DataModule: an endless, resumable stream of prompt batches for GRPO.
 
 A training step consumes one batch of ``prompts_per_step`` tasks; each task travels with the columns
-the rewards need (``test_list``, ``test_setup_code``, ``task_id``, ``entry_point``). The order is a
+the rewards need (``test_list``, ``test_setup_code``, ``task_id``, ``entry_point``, and ``hidden_tests``
+when their cache is built: ``rlcode.data.hidden_tests``). The order is a
 seeded shuffle per epoch, so it is the same on every run with the same seed, and each rank of a
 distributed run takes its own slice of it (``order[rank::world_size]``). The stream never ends by
 itself: ``trainer.max_steps`` does.
@@ -30,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from rlcode.data.curriculum import Curriculum, CurriculumSettings
+from rlcode.data.hidden_tests import hidden_tests_by_task
 from rlcode.data.humaneval import load_humaneval
 from rlcode.data.mbpp import ENV_VAR, HUB_ID, MBPPTask, load_mbpp
 from rlcode.data.prompts import PROMPT_FORMATS, PromptFormat, build_prompt, length_order
@@ -135,6 +137,8 @@ class MBPPDataModule(L.LightningDataModule):
         self.eval_benchmark = "mbpp"
         self.position = {"epoch": 0, "batch": 0}
         self._eval_tasks: list[MBPPTask] | None = None
+        self._hidden_tests: dict[int, list[str]] | None = None
+        self._hidden_tests_read = False
 
     # ---- distributed layout -----------------------------------------------------------------
     @property
@@ -269,7 +273,18 @@ class MBPPDataModule(L.LightningDataModule):
             "text": [t.text for t in tasks],  # multi-step MBPP writes its own prompts and feedback
             "challenge_test_list": [list(t.challenge_test_list) for t in tasks],
             "position": (epoch, index),
+            **self._hidden_column(tasks),
         }
+
+    def _hidden_column(self, tasks: list[MBPPTask]) -> dict[str, list]:
+        """``hidden_tests`` per task from the data file's cache, read once; no column without a cache
+        (the hidden-test rewards then warn and score the visible asserts)."""
+        if not self._hidden_tests_read:
+            self._hidden_tests_read = True
+            self._hidden_tests = hidden_tests_by_task(self.source)
+        if self._hidden_tests is None:
+            return {}
+        return {"hidden_tests": [list(self._hidden_tests.get(t.task_id, ())) for t in tasks]}
 
     def eval_tasks(self, num_questions: int | None = None) -> list[MBPPTask]:
         """The first ``num_questions`` tasks of ``eval_split`` (all when None), loaded once; HumanEval's

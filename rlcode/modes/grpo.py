@@ -30,7 +30,8 @@ from rlcode.training.experience import CompletionGroups, repeat_each
 from rlcode.training.mode import LearnerView, Mode, ModeDescription
 from rlcode.training.run_context import SandboxSettings
 
-REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point")
+# hidden_tests: present when their cache is built (rlcode.data.hidden_tests), for mbpp_hidden_tests
+REWARD_COLUMNS = ("task_id", "test_list", "test_setup_code", "entry_point", "hidden_tests")
 
 
 def check_groups(num_generations: int, scale_rewards: str) -> None:
@@ -59,8 +60,8 @@ class GRPO(Mode):
 
         Args:
             rewards: reward function names from ``rlcode.rewards`` ("execution", "mbpp_tests",
-                "mbpp_tests_fraction") or import paths "package.module:function" of TRL-style
-                functions, summed with ``reward_weights``.
+                "mbpp_tests_fraction", "mbpp_hidden_tests", "mbpp_hidden_tests_fraction") or import
+                paths "package.module:function" of TRL-style functions, summed with ``reward_weights``.
             reward_weights: one weight per reward (None: all 1.0).
             reward_timeout: seconds each completion may run in the sandbox (also in validate / test).
             num_generations: G, completions sampled per prompt (the group of GRPO's baseline).

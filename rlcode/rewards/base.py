@@ -26,6 +26,9 @@ class Scored(NamedTuple):
     detail: str  # short verdict, e.g. "passed", "syntax_error", "assert 1 failed: got 3, expected 4"
     status: str  # the execution status ("ok", "timeout", ..., "internal_error")
     success: bool  # counted in successful_predictions_count
+    # Passed every visible test but failed a hidden one (mbpp_hidden_tests); None for rewards that
+    # have no hidden tests to tell: their rows add no ``hardcoded_share`` metric.
+    hardcoded: bool | None = None
 
 
 class RewardJob:
@@ -168,6 +171,9 @@ def row_metrics(scored: list[Scored]) -> dict[str, float]:
         "successful_predictions_count": float(sum(item.success for item in scored)),
     }
     metrics.update({f"status/{name}": float(count) for name, count in sorted(statuses.items())})
+    judged = [item.hardcoded for item in scored if item.hardcoded is not None]
+    if judged:  # among every row, so it reads as the step's share of special-casing programs
+        metrics["hardcoded_share"] = sum(judged) / n
     return metrics
 
 

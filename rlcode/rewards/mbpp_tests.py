@@ -49,17 +49,25 @@ class MBPPTestsPassed(SandboxReward):
         self._warned_missing_column = False
 
     def _submit(self, completion, row: dict, tags: dict[str, str]) -> Future:
+        tests = self._visible_tests(row)
+        return check_against_tests(self.pool, self._code(completion, row, tests), tests,
+                                   row.get("test_setup_code") or "", timeout=self.timeout, tags=tags)
+
+    def _visible_tests(self, row: dict) -> list[str]:
+        """The row's ``test_list`` (and challenge tests when asked for); raises when there are none."""
         if "test_list" not in row:
             self._warn_missing_column(row)
-        tests = _tests(row.get("test_list"))
+        tests = assert_strings(row.get("test_list"))
         if self.include_challenge_tests:
-            tests += _tests(row.get("challenge_test_list") or [])
+            tests += assert_strings(row.get("challenge_test_list") or [])
         if not tests:
             raise ValueError("no test_list for this completion: pass the dataset's test_list column")
+        return tests
+
+    @staticmethod
+    def _code(completion, row: dict, tests: list[str]) -> str:
         # The DataModule sends each task's entry point; plain TRL datasets may not have the column.
-        code = extract_code(completion, row.get("entry_point") or entry_point_of(tests))
-        setup = row.get("test_setup_code") or ""
-        return check_against_tests(self.pool, code, tests, setup, timeout=self.timeout, tags=tags)
+        return extract_code(completion, row.get("entry_point") or entry_point_of(tests))
 
     def _warn_missing_column(self, row: dict) -> None:
         """Without it every completion scores 0.0, which looks like a model that never passes (ART's
@@ -68,7 +76,7 @@ class MBPPTestsPassed(SandboxReward):
             self._warned_missing_column = True
             warnings.warn(f"{self.name}: the rows have no 'test_list' column (columns: {', '.join(sorted(row))}), "
                           "so every completion scores 0.0; rename the dataset's test column to test_list",
-                          stacklevel=3)
+                          stacklevel=4)
 
     def _score(self, verdict: TestVerdict) -> Scored:
         return Scored(self._reward(verdict), verdict.reason, verdict.status, verdict.all_passed)
@@ -86,7 +94,8 @@ class MBPPTestsFraction(MBPPTestsPassed):
         return float(verdict.fraction)
 
 
-def _tests(value) -> list[str]:
+def assert_strings(value) -> list[str]:
+    """A test column's value as a list of assert strings (a list, a JSON list, or one assert)."""
     if value is None:
         return []
     if isinstance(value, str):  # a column stored as a JSON list, or a single assert

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from rlcode.rewards.base import SandboxReward
 from rlcode.rewards.execution import ExecutionReward
+from rlcode.rewards.mbpp_hidden_tests import MBPPHiddenTestsFraction, MBPPHiddenTestsPassed
 from rlcode.rewards.mbpp_tests import MBPPTestsFraction, MBPPTestsPassed
 
 REWARDS: dict[str, type[SandboxReward]] = {
     "execution": ExecutionReward,
     "mbpp_tests": MBPPTestsPassed,
     "mbpp_tests_fraction": MBPPTestsFraction,
+    "mbpp_hidden_tests": MBPPHiddenTestsPassed,
+    "mbpp_hidden_tests_fraction": MBPPHiddenTestsFraction,
 }
 
 

@@ -73,4 +73,12 @@ class CompletionGroups:
             completion_lengths=rollout.completion_mask.sum(1).long().tolist(), truncated=rollout.truncated.tolist(),
             frac_reward_zero_std=frac_zero_std, updated=updated, loss=loss,
             reward_metrics={**outcome.metrics, **totals.metrics()}, timings=timings, extra_metrics=extra_metrics,
-            all_rounds_tokens=self.generated_tokens)
+            all_rounds_tokens=self.generated_tokens, hardcoded=hardcoded_rows(outcome.scored))
+
+
+def hardcoded_rows(scored: dict[str, list]) -> list[bool]:
+    """Per row: some reward with hidden tests flagged it ``hardcoded``; empty when none judges it."""
+    judging = [rows for rows in scored.values() if any(getattr(row, "hardcoded", None) is not None for row in rows)]
+    if not judging:
+        return []
+    return [any(bool(rows[i].hardcoded) for rows in judging) for i in range(len(judging[0]))]

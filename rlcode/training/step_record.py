@@ -57,6 +57,9 @@ class StepRecord:
     keep); None: the kept rows' ``completion_lengths`` are all it generated."""
     episode_of_row: list[int] = field(default_factory=list)
     """Multi-turn modes: the episode of each row (empty: each row is its own episode)."""
+    hardcoded: list[bool] = field(default_factory=list)
+    """Per completion: passed every shown MBPP assert and failed a hidden one, by a reward with hidden
+    tests (``rewards.base.Scored.hardcoded``); empty when no reward of the step judges it."""
 
     @property
     def mean_reward(self) -> float:
