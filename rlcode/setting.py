@@ -48,6 +48,17 @@ class Range:
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
 
+    def first_outside(self, value):
+        """The first number of ``value`` (a number, or a list of them: ``eval.k``) outside the range, or
+        None. Anything that is not a number (None: "off", a string) is not this check's."""
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and not self.allows(item):
+                return item
+        return None
+
+    def refusal(self, key: str, item) -> str:
+        return f"{key}={item!r} is out of range: use {self.describe()}"
+
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
         if self.low is not None and self.high is not None:
@@ -170,10 +181,9 @@ def out_of_range(cls: type | Callable, values: dict[str, Any], prefix: str = "")
     for name, (setting, _) in settings_of(cls).items():
         if setting is None or setting.range is None or name not in values:
             continue
-        value = values[name]
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(item, (int, float)) and not isinstance(item, bool) and not setting.range.allows(item):
-                return f"{prefix}{name}={item!r} is out of range: use {setting.range.describe()}"
+        item = setting.range.first_outside(values[name])
+        if item is not None:
+            return setting.range.refusal(f"{prefix}{name}", item)
     return None
 
 

@@ -32,12 +32,10 @@ def ranges_for(config) -> dict[str, Range]:
 def check_ranges(config, argv: list[str]) -> None:
     """Raise a one-line ``UserError`` for the first setting outside its range."""
     for key, allowed in ranges_for(config).items():
-        value = value_at(config, key)
-        values = value if isinstance(value, (list, tuple)) else [value]  # eval.k: each one
-        for item in values:
-            if isinstance(item, (int, float)) and not isinstance(item, bool) and not allowed.allows(item):
-                where = locate(key.split("."), argv) or "in a config"
-                raise UserError(f"{key}={item!r} is out of range: use {allowed.describe()} ({where})")
+        item = allowed.first_outside(value_at(config, key))
+        if item is not None:
+            where = locate(key.split("."), argv) or "in a config"
+            raise UserError(f"{allowed.refusal(key, item)} ({where})")
 
 
 def _chosen_class(classes: tuple[type, ...], node) -> type | None:
